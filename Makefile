@@ -1,0 +1,33 @@
+# One entry point. `make serve` runs Shoal on the model the project makes; `make test` runs the
+# whole suite. Both create the virtual environment on a fresh machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CACHE ?= $(HOME)/.cache/shoal
+MODEL ?= $(CACHE)/models/shoal-tiny
+export SHOAL_CACHE := $(CACHE)
+
+.PHONY: venv serve test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch is pinned to the CPU wheel on disk; a newer or unpinned torch would pull a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+serve: venv
+	test -f $(MODEL)/config.json || $(BIN)/shoal make-model $(MODEL)
+	$(BIN)/shoal serve $(MODEL) --served-model-name shoal-tiny --host 127.0.0.1 --port 8000
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check engine operator tests benchmarks
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Shoal's Kubernetes operator (kopf). Must import without torch."""
