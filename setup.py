@@ -1,0 +1,11 @@
+"""Map the two source roots into one `shoal` import namespace (see pyproject.toml)."""
+
+from setuptools import find_namespace_packages, setup
+
+packages, package_dir = [], {}
+for root in ("engine", "operator"):
+    for pkg in find_namespace_packages(root, include=["shoal.*"]):
+        packages.append(pkg)
+        package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"
+
+setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja"]})
