@@ -9,7 +9,7 @@ export SHOAL_CACHE := $(CACHE)
 
 .PHONY: venv serve test lint bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch is pinned to the CPU wheel on disk; a newer or unpinned torch would pull a CUDA build.
