@@ -9,6 +9,23 @@ Rules (this module is ABI):
 - No pickle, ever. Tensors/arrays travel as (dtype, shape, data) with data inline below a size
   threshold and as extra zero-copy frames above it (see the codec).
 - This module imports neither torch nor zmq: the operator and tests use it without them.
+
+The ABI rule, in full (PROTOCOL_VERSION guards it):
+1. Append-only: a new field goes LAST in its struct, with a default, and a comment saying why.
+2. Never reorder, delete, retype incompatibly or reuse a field; never renumber an enum member or
+   a RequestType byte. A change that breaks (1) or (2) bumps PROTOCOL_VERSION.
+3. Both sides announce PROTOCOL_VERSION in the start-up handshake (EngineHello / HandshakeAck);
+   a mismatch stops start-up with a message naming both versions.
+4. tests/serving/test_wire.py holds a fixed byte-level vector for a decode batch: a reorder of the
+   hot-path fields fails it.
+
+What travels where (see docs/serving.md for the diagram):
+- frontend -> engine, on the engine's DEALER (frontend ROUTER): [identity][RequestType][msgpack]
+  with EngineCoreRequest (ADD), list[str] (ABORT), UtilityCall (UTILITY), HandshakeAck.
+- engine -> frontend, on the same socket during start-up: EngineHello, then EngineReady.
+- engine -> frontend, on PUSH (frontend PULL): OutputBatch (the columnar form of
+  EngineCoreOutputs, see codec.py) plus zero-copy aux frames; or a two-frame
+  [ENGINE_CORE_DEAD][EngineDead] / [ENGINE_CORE_STOPPED][EngineStopped] notice.
 """
 
 from __future__ import annotations
@@ -33,6 +50,8 @@ class RequestType(bytes, enum.Enum):
     # Engine-internal sentinels: never sent by a client.
     EXECUTOR_FAILED = b"\x04"
     WAKEUP = b"\x05"
+    # Frontend -> engine answer to EngineHello (a HandshakeAck): protocol check on both sides.
+    HANDSHAKE = b"\x06"
 
 
 class FinishReason(enum.IntEnum):
@@ -112,6 +131,10 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     sampling_params: SamplingParams
     arrival_time: float  # time.time() at the frontend, for queue-time metrics
     eos_token_id: int | None = None  # from the tokenizer the frontend owns
+    # Small integer the frontend's client assigns at ADD time; outputs on the wire name the
+    # request by this handle instead of the ~34-byte id (the columnar OutputBatch). Unique among
+    # live requests of one client; None when the request never crosses a process boundary.
+    wire_handle: int | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -153,7 +176,137 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     timestamp: float = 0.0  # time.monotonic() in the engine process
     utility_output: UtilityOutput | None = None
     finished_requests: list[str] | None = None
+    # ADDs the engine refused (draining for shutdown, or invalid): the frontend fails those
+    # requests with the status and message given, instead of waiting forever.
+    rejected: list[RequestRejected] | None = None
 
     def __post_init__(self) -> None:
         if self.timestamp == 0.0:
             self.timestamp = time.monotonic()
+
+
+class RequestRejected(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Engine -> frontend: an ADD the engine did not admit, and why (HTTP-shaped status)."""
+
+    request_id: str
+    status: int  # 400 = the request is invalid, 503 = the engine is draining / shutting down
+    message: str
+
+
+# ----- start-up handshake ------------------------------------------------------------------
+
+
+class EngineHello(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="hello"):
+    """Engine -> frontend, first message on the input socket, sent before any heavy work, so a
+    protocol mismatch fails in milliseconds instead of after loading weights."""
+
+    protocol_version: int
+    engine_version: str
+    pid: int
+    hostname: str
+    engine_index: int = 0
+    rank: int = 0
+
+
+class HandshakeAck(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Frontend -> engine (RequestType.HANDSHAKE): the frontend's own versions and whether it
+    accepts this engine; the engine checks the version too and exits with the reason if not."""
+
+    protocol_version: int
+    engine_version: str
+    accepted: bool = True
+    reason: str = ""
+
+
+class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="ready"):
+    """Engine -> frontend after weights are loaded and the KV cache is sized. max_model_len and
+    num_blocks are only known now; the frontend validates prompt lengths against these."""
+
+    protocol_version: int
+    engine_version: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    model: str = ""
+    vocab_size: int = 0
+    tensor_parallel_size: int = 1
+    world_size: int = 1
+    enable_prefix_caching: bool = False
+    startup_seconds: float = 0.0  # engine-side time from process start to ready
+
+
+# Engine -> frontend handshake messages share the input socket; the tag tells them apart.
+HandshakeMessage = EngineHello | EngineReady
+
+
+# ----- control plane ------------------------------------------------------------------------
+
+
+class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Frontend -> engine (RequestType.UTILITY): call one allow-listed EngineCore method.
+    The answer comes back as EngineCoreOutputs.utility_output with the same call_id."""
+
+    call_id: int
+    method: str
+    args: list = []
+
+
+# ----- columnar output batch ----------------------------------------------------------------
+
+
+class OutputBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Engine -> frontend: the wire form of EngineCoreOutputs (codec.py converts both ways).
+
+    Plain decode outputs (one new token, nothing else set) travel as two packed little-endian
+    columns, `handles` and `token_ids`, of `handle_width` / `token_width` bytes per entry (2 or 4),
+    so a generated token costs 4-8 bytes instead of ~41. Every other output (a finish, several
+    tokens, cached-token counts, any field appended later) travels whole in `extras` with an
+    empty request_id, its handle in the parallel `extra_handles` list."""
+
+    engine_index: int = 0
+    handle_width: int = 4
+    token_width: int = 4
+    handles: bytes = b""
+    token_ids: bytes = b""
+    extras: list[EngineCoreOutput] = []
+    extra_handles: list[int] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None
+    finished_requests: list[str] | None = None
+    rejected: list[RequestRejected] | None = None
+
+
+# ----- death and clean exit -----------------------------------------------------------------
+
+# First frame of the two-frame notices on the output socket (a msgpack batch never starts so).
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+ENGINE_CORE_STOPPED = b"ENGINE_CORE_STOPPED"
+
+
+class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Engine -> frontend: the engine is dying, and the root cause, so the frontend can name it
+    in every HTTP error and in the termination message instead of "see logs above"."""
+
+    process: str  # e.g. "EngineCore_0"
+    pid: int
+    rank: int
+    exc_type: str  # exception class name, e.g. "RuntimeError"
+    message: str
+    traceback: str = ""
+    hostname: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.process} (pid {self.pid}, rank {self.rank}) died: "
+                f"{self.exc_type}: {self.message}")
+
+
+class EngineStopped(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Engine -> frontend: a clean, requested exit (SIGTERM drain/abort finished)."""
+
+    pid: int
+    mode: str  # "drain" or "abort"
+    num_aborted: int = 0
