@@ -1,0 +1,82 @@
+# syntax=docker/dockerfile:1
+#
+# Shoal's images, one multi-stage build (context: the repository root):
+#
+#   docker build --target operator -t ghcr.io/shoal-dev/shoal-operator:0.1.0 .  # kopf, no torch
+#   docker build --target engine   -t ghcr.io/shoal-dev/shoal:0.1.0 .           # CPU torch
+#
+# The engine image serves both engine ranks and frontends (`shoal serve`); it is the
+# InferenceEngine's default `spec.image`.
+#
+# The CUDA engine image is images/engine-cuda/Dockerfile. Both targets run as uid 10001 with
+# tini as PID 1: tini forwards SIGTERM to the whole process group (the engine's frontend,
+# EngineCore and workers drain on it) and exits with the engine's own exit code (128+N for a
+# signal), so Kubernetes records why the engine stopped.
+
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# ---- base: Python, tini, the unprivileged user; shared by every target --------------------
+FROM ${PYTHON_IMAGE} AS base
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 shoal \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin shoal
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/shoal/bin:$PATH
+COPY images/healthcheck.py /usr/local/lib/shoal/healthcheck.py
+
+# ---- wheel: the shoal package, built once, installed by both targets -----------------------
+FROM base AS wheel
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY engine/ engine/
+COPY operator/ operator/
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# ---- operator: kopf + kubernetes client, never torch -----------------------------------------
+FROM base AS operator-venv
+COPY --from=wheel /wheels /wheels
+RUN python -m venv /opt/shoal \
+ && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[operator]" \
+ && ! /opt/shoal/bin/python -c "import torch" 2>/dev/null
+
+FROM base AS operator
+COPY --from=operator-venv /opt/shoal /opt/shoal
+USER 10001:10001
+EXPOSE 8080
+# kopf's liveness endpoint, when the operator was started with --liveness (the default here).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["python", "/usr/local/lib/shoal/healthcheck.py"]
+ENTRYPOINT ["tini", "-g", "--", "shoal-operator"]
+CMD ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+
+# ---- engine: `shoal serve` on CPU torch ------------------------------------------------------
+FROM base AS engine-venv
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
+COPY --from=wheel /wheels /wheels
+# torch first, from the CPU index: the engine extra then finds torch==2.13.0 satisfied and
+# never pulls a CUDA build.
+RUN python -m venv /opt/shoal \
+ && /opt/shoal/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+ && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[engine]"
+
+FROM base AS engine
+COPY --from=engine-venv /opt/shoal /opt/shoal
+# Writable places on a read-only root filesystem: mount an emptyDir at /tmp.
+ENV HOME=/tmp HF_HOME=/tmp/hf TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 8000
+# GET /health on the HTTP port; headless ranks (--headless) have no HTTP server and pass.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
+  CMD ["python", "/usr/local/lib/shoal/healthcheck.py"]
+ENTRYPOINT ["tini", "-g", "--", "shoal"]
+CMD ["--help"]

