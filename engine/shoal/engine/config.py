@@ -1,0 +1,129 @@
+"""EngineConfig: the one validated, immutable configuration object of an engine.
+
+Every bad value raises ValueError saying what to change, at construction, before any model
+is loaded. Values the engine derives (the context length from the model, the KV memory budget
+from the environment) are resolved here too, so the object that is passed around is complete.
+This module imports neither torch nor transformers: the frontend process builds and checks a
+config without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+GiB = 1 << 30
+# vLLM's VLLM_CPU_KVCACHE_SPACE counterpart: the KV cache budget in GiB when no flag is given.
+KV_CACHE_SPACE_ENV = "SHOAL_KV_CACHE_SPACE"
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _fail(msg: str) -> None:
+    raise ValueError(msg)
+
+
+def read_model_config(model: str) -> dict:
+    """config.json of a local model directory, or a ValueError that says what is wrong."""
+    path = Path(model)
+    if not path.is_dir():
+        _fail(f"model path {model!r} is not a directory; pass a local Hugging Face model "
+              "directory (make one with `shoal make-model DIR`).")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        _fail(f"model directory {model!r} has no config.json; is it a Hugging Face model "
+              "directory? (`shoal make-model DIR` writes one).")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """All knobs of one engine. Construct it with keyword arguments; it validates itself."""
+
+    model: str
+    dtype: str = "auto"  # auto = the model's own dtype (float32 for shoal's models)
+    device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    max_num_seqs: int = 256  # seats: requests running at once
+    max_num_batched_tokens: int = 2048  # token budget of one step
+    block_size: int = 16  # tokens per KV block
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int | None = None  # None = $SHOAL_KV_CACHE_SPACE GiB, else 1 GiB
+    gpu_memory_utilization: float = 0.9  # CUDA only: fraction of device memory for the engine
+    num_kv_blocks: int | None = None  # override the sized block count (tests force preemption)
+    seed: int = 0  # seeds the global generator used by unseeded sampled requests
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    enable_chunked_prefill: bool = True  # off: a prompt must fit the token budget in one step
+    architectures: tuple[str, ...] = ()  # derived from config.json
+    model_max_len: int = 0  # derived: the model's own context length
+
+    def __post_init__(self) -> None:
+        hf = read_model_config(self.model)
+        archs = tuple(hf.get("architectures") or ())
+        if not archs:
+            _fail(f"{self.model}/config.json names no 'architectures'; shoal needs a causal LM "
+                  "architecture such as LlamaForCausalLM or Qwen2ForCausalLM.")
+        if not any(a.endswith("ForCausalLM") for a in archs):
+            _fail(f"unsupported architecture {list(archs)} in {self.model}: shoal serves "
+                  "decoder-only causal LMs (*ForCausalLM), e.g. LlamaForCausalLM.")
+        model_len = int(hf.get("max_position_embeddings") or 0)
+        object.__setattr__(self, "architectures", archs)
+        object.__setattr__(self, "model_max_len", model_len)
+        if self.max_model_len is None:
+            if model_len <= 0:
+                _fail(f"{self.model}/config.json has no max_position_embeddings; pass "
+                      "max_model_len explicitly.")
+            object.__setattr__(self, "max_model_len", model_len)
+        if self.kv_cache_memory_bytes is None:
+            object.__setattr__(self, "kv_cache_memory_bytes", _kv_bytes_from_env())
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.dtype not in DTYPES:
+            _fail(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}.")
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            _fail(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}.")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                _fail(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.model_max_len and self.max_model_len > self.model_max_len:
+            _fail(f"max_model_len {self.max_model_len} exceeds the model's context length "
+                  f"{self.model_max_len} (max_position_embeddings); lower it.")
+        if self.block_size & (self.block_size - 1):
+            _fail(f"block_size must be a power of two, got {self.block_size}.")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            _fail(f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                  f"must be at least max_model_len ({self.max_model_len}); raise it or enable "
+                  "chunked prefill.")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            _fail(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            _fail(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            _fail(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            _fail(f"num_threads must be at least 1, got {self.num_threads}.")
+
+    def replace(self, **changes) -> EngineConfig:
+        """A validated copy with some fields changed (derived fields are recomputed)."""
+        changes.setdefault("architectures", ())
+        changes.setdefault("model_max_len", 0)
+        return dataclasses.replace(self, **changes)
+
+
+def _kv_bytes_from_env() -> int:
+    raw = os.environ.get(KV_CACHE_SPACE_ENV)
+    if raw is None or raw.strip() == "":
+        return int(DEFAULT_CPU_KV_CACHE_GIB * GiB)
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}.") from None
+    if gib <= 0:
+        _fail(f"{KV_CACHE_SPACE_ENV} must be positive (GiB), got {raw!r}.")
+    return int(gib * GiB)

@@ -1,0 +1,148 @@
+"""EngineCore: the pure inner loop. It owns the scheduler (and through it the KV cache manager
+and every block table) and the executor; it knows nothing about sockets or processes.
+
+`step()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile ->
+update from output. A process wrapper (the serving side) calls `add_request`,
+`abort_requests` / `enqueue_aborts` and `step()`; `InprocClient` calls them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from shoal.engine import wire
+from shoal.engine.config import EngineConfig
+from shoal.engine.core.request import Request, RequestStatus
+from shoal.engine.core.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    # Methods a client may call by name through `call_utility` (the UTILITY request).
+    UTILITY_METHODS = frozenset({"get_kv_stats", "reset_prefix_cache", "get_engine_info",
+                                 "has_unfinished_requests"})
+
+    def __init__(self, config: EngineConfig, executor_class=None) -> None:
+        if executor_class is None:
+            from shoal.engine.executor.uniproc_executor import UniProcExecutor as executor_class
+        self.config = config
+        self.model_executor = executor_class(config)
+        self.num_blocks = self.model_executor.determine_num_kv_blocks()
+        self.block_size = config.block_size
+        capacity = (self.num_blocks - 1) * self.block_size
+        if capacity < config.max_model_len:
+            self.model_executor.shutdown()
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of "
+                f"{self.block_size}), fewer than max_model_len={config.max_model_len}: one "
+                "request could never finish. Raise the KV budget (kv_cache_memory_bytes / "
+                "SHOAL_KV_CACHE_SPACE / num_kv_blocks) or lower max_model_len.")
+        self.max_model_len = config.max_model_len
+        self.model_executor.initialize_kv_cache(self.num_blocks)
+        self.vocab_size = self.model_executor.get_vocab_size()
+        self.scheduler = Scheduler(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
+        self._pending_aborts: list[str] = []
+        self._aborts_lock = threading.Lock()
+        log.info("engine core ready: %d KV blocks of %d tokens, max_model_len %d",
+                 self.num_blocks, self.block_size, self.max_model_len)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def add_request(self, request: wire.EngineCoreRequest) -> None:
+        """Validate and queue one request; ValueError (saying what to change) if it is bad."""
+        params = request.sampling_params
+        params.verify()
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise ValueError(f"request {request.request_id}: the prompt is empty; send at least "
+                             "one token.")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: the prompt has {len(prompt)} tokens but the "
+                f"context length (max_model_len) is {self.max_model_len}; shorten the prompt "
+                f"to at most {self.max_model_len - 1} tokens.")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"request {request.request_id}: token ids {bad[:5]} are outside "
+                             f"the vocabulary [0, {self.vocab_size}).")
+        room = self.max_model_len - len(prompt)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if params.min_tokens > max_tokens:
+            raise ValueError(f"request {request.request_id}: min_tokens={params.min_tokens} "
+                             f"cannot be met: only {max_tokens} tokens fit in the context.")
+        self.scheduler.add_request(Request.from_engine_core_request(request, max_tokens))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort now (call from the thread that steps). Idempotent."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def enqueue_aborts(self, request_ids: list[str]) -> None:
+        """Thread-safe: aborts applied by the next step, right after its forward pass."""
+        with self._aborts_lock:
+            self._pending_aborts.extend(request_ids)
+
+    def _process_aborts_queue(self) -> None:
+        with self._aborts_lock:
+            pending, self._pending_aborts = self._pending_aborts, []
+        if pending:
+            self.abort_requests(pending)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> wire.EngineCoreOutputs:
+        """Schedule, execute, and make output."""
+        if not self.scheduler.has_requests():
+            self._process_aborts_queue()
+            return wire.EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        model_output = self.model_executor.execute_model(scheduler_output)
+        # Aborts that arrived during the forward pass take effect on this same step.
+        self._process_aborts_queue()
+        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        finished = [o.request_id for o in outputs if o.finish_reason is not None]
+        return wire.EngineCoreOutputs(
+            outputs=outputs,
+            scheduler_stats=self.scheduler.make_stats(),
+            finished_requests=finished or None,
+        )
+
+    # -- utilities (allow-listed in UTILITY_METHODS) --------------------------------------
+
+    def call_utility(self, method: str, args: tuple | list = ()):
+        if method not in self.UTILITY_METHODS:
+            raise ValueError(f"unknown utility method {method!r}; allowed: "
+                             f"{sorted(self.UTILITY_METHODS)}")
+        return getattr(self, method)(*args)
+
+    def get_kv_stats(self) -> dict:
+        pool = self.scheduler.kv.pool
+        return {"num_blocks": pool.num_blocks, "num_usable_blocks": pool.num_blocks - 1,
+                "num_free_blocks": pool.num_free_blocks, "usage": pool.usage,
+                "num_cached_blocks": len(pool.cached)}
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv.reset_prefix_cache()
+
+    def get_engine_info(self) -> dict:
+        """What a frontend learns at start-up (vLLM's ready response)."""
+        return {"max_model_len": self.max_model_len, "num_blocks": self.num_blocks,
+                "block_size": self.block_size, "max_num_seqs": self.config.max_num_seqs,
+                "max_num_batched_tokens": self.config.max_num_batched_tokens,
+                "vocab_size": self.vocab_size, "model": self.config.model,
+                "protocol_version": wire.PROTOCOL_VERSION}
+
+    def shutdown(self) -> None:
+        self.model_executor.shutdown()

@@ -1,0 +1,92 @@
+"""Engine-side state of one request: what the scheduler and KV manager track per request.
+
+A request has no prefill/decode phase: `num_computed_tokens` chases `num_tokens` (prompt plus
+everything generated so far). Preemption by recompute resets `num_computed_tokens` to 0 and
+keeps the generated tokens, which are recomputed with the prompt when the request resumes.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from shoal.engine import wire
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> wire.FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: wire.FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: wire.FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: wire.FinishReason.ABORT,
+}
+
+
+class Request:
+    """One request inside the engine. Owned by the scheduler; the KV manager keys on its id."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: wire.SamplingParams,
+        max_tokens: int,
+        eos_token_id: int | None = None,
+        arrival_time: float = 0.0,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.max_tokens = max_tokens  # resolved: never None inside the engine
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.status = RequestStatus.WAITING
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens served from the prefix cache; -1 = not yet
+        self.num_preemptions = 0
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
+        self.stop_reason: int | None = None
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+
+    @classmethod
+    def from_engine_core_request(cls, req: wire.EngineCoreRequest, max_tokens: int) -> Request:
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, max_tokens,
+                   req.eos_token_id, req.arrival_time)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    def append_output_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")

@@ -1,0 +1,209 @@
+"""Scheduler: decides, every step, which requests compute how many tokens.
+
+Contract (vLLM V1 style):
+- No prefill/decode phases. Each request's `num_computed_tokens` chases `num_tokens`; one step
+  schedules at most `max_num_batched_tokens` tokens over at most `max_num_seqs` running requests.
+- Running requests are scheduled first, in FCFS order; then waiting ones, FCFS, while budget and
+  seats remain. A prompt longer than the remaining budget is chunked (chunked prefill).
+- When the KV manager answers "no blocks", the scheduler preempts the *last* running request by
+  recompute (its blocks are freed, it goes to the front of the waiting queue with
+  num_computed_tokens = 0) and retries; no waiting request is admitted in a step that preempted.
+- `finish_requests` (aborts) is idempotent; unknown or finished ids are ignored.
+- Finished requests free their blocks at once; their ids reach the runner in the next output.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shoal.engine import wire
+from shoal.engine.core.kv_cache_manager import KVCacheManager
+from shoal.engine.core.request import Request, RequestStatus
+from shoal.engine.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._seen_by_runner: set[str] = set()
+        self._finished_ids: set[str] = set()  # to tell the runner in the next SchedulerOutput
+        self._abort_outputs: list[wire.EngineCoreOutput] = []
+        self._num_preemptions = 0  # since the last stats
+        self.step_counter = 0
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine; "
+                             "request ids must be unique.")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids, status: RequestStatus = RequestStatus.FINISHED_ABORTED):
+        """Finish (abort) requests wherever they are. Idempotent."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+            if status.finish_reason is not None:
+                self._abort_outputs.append(
+                    wire.EngineCoreOutput(rid, [], finish_reason=status.finish_reason))
+
+    def _free(self, req: Request) -> None:
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        if req.request_id in self._seen_by_runner:
+            self._seen_by_runner.discard(req.request_id)
+            self._finished_ids.add(req.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def has_requests(self) -> bool:
+        return self.has_unfinished_requests() or bool(self._finished_ids or self._abort_outputs)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while (new_blocks := self.kv.allocate_slots(req, n)) is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if new_blocks is None:
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hit_blocks, n_hit = self.kv.get_computed_blocks(req)
+            n = req.num_tokens - n_hit
+            if n > budget and not self.enable_chunked_prefill:
+                break
+            n = min(n, budget)
+            if self.kv.allocate_slots(req, n, hit_blocks) is None:
+                break
+            self.waiting.popleft()
+            self.kv.record_lookup(req.num_tokens, n_hit)
+            req.num_computed_tokens = n_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = n_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        return self._make_output(scheduled, preempted)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self._num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _make_output(self, scheduled, preempted) -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self._finished_ids,
+                              preempted_req_ids=[r.request_id for r in preempted])
+        self._finished_ids = set()
+        for req, n in scheduled:
+            rid, start = req.request_id, req.num_computed_tokens
+            if rid not in self._seen_by_runner:
+                self._seen_by_runner.add(rid)
+                out.new_requests.append(NewRequestData(
+                    rid, req.prompt_token_ids, req.sampling_params, req.eos_token_id))
+            out.req_ids.append(rid)
+            out.token_ids.append(req.all_token_ids[start:start + n])
+            out.start_positions.append(start)
+            out.block_ids.append(self.kv.block_ids(rid))
+            out.sample.append(start + n == req.num_tokens)
+            req.num_computed_tokens = start + n
+            out.total_num_scheduled_tokens += n
+        self.step_counter += 1
+        return out
+
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> list[wire.EngineCoreOutput]:
+        outputs, self._abort_outputs = self._abort_outputs, []
+        for rid in sched.req_ids:
+            req = self.requests.get(rid)
+            token = result.sampled.get(rid)
+            if req is None or token is None:  # aborted during the step, or a prefill chunk
+                continue
+            req.append_output_token(token)
+            reason = self._check_stop(req, token)
+            out = wire.EngineCoreOutput(rid, [token])
+            if req.num_output_tokens == 1:
+                out.num_cached_tokens = max(req.num_cached_tokens, 0)
+            if reason is not None:
+                out.finish_reason = reason.finish_reason
+                out.stop_reason = req.stop_reason
+                req.status = reason
+                self.running.remove(req)
+                self._free(req)
+            outputs.append(out)
+        return outputs
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        if req.num_output_tokens < req.sampling_params.min_tokens:
+            return None
+        if token == req.eos_token_id and not req.sampling_params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if token in req.stop_token_ids:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        return None
+
+    def make_stats(self) -> wire.SchedulerStats:
+        queries, hits = self.kv.take_prefix_stats()
+        stats = wire.SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv.pool.usage,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=self._num_preemptions,
+            step_counter=self.step_counter,
+        )
+        self._num_preemptions = 0
+        return stats

@@ -1,0 +1,1 @@
+"""Executors: fan one control call out to every worker rank (`collective_rpc`)."""

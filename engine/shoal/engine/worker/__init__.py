@@ -1,0 +1,1 @@
+"""The device side of the engine: Worker (device, memory) and ModelRunner (model, KV, sampling)."""

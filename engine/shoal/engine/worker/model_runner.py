@@ -1,0 +1,166 @@
+"""ModelRunner: runs transformers' own model class over one packed batch per step.
+
+It owns the model, the paged KV cache tensors and the per-request sampling state. Each step it
+turns a SchedulerOutput (token ids, positions, block tables) into one forward pass over every
+scheduled token of every request, then samples one token for each request that reached the end
+of its known tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from shoal.engine.config import EngineConfig
+from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from shoal.engine.worker import paged_attention
+from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
+from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
+from shoal.engine.worker.sampler import sample
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    own = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(own, str):
+        own = _DTYPES.get(own)
+    return own if isinstance(own, torch.dtype) else torch.float32
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.block_size = config.block_size
+        self.model = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.states: dict[str, CachedRequestState] = {}
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def load_model(self) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(self.config.model)
+        try:
+            model_cls = AutoModelForCausalLM._model_mapping[type(hf_config)]
+        except KeyError:
+            raise ValueError(f"unsupported architecture {hf_config.architectures} "
+                             f"(model_type {hf_config.model_type!r}): transformers has no causal "
+                             "LM class for it.") from None
+        if not getattr(model_cls, "_supports_attention_backend", False):
+            raise ValueError(f"unsupported architecture {model_cls.__name__}: its transformers "
+                             "implementation does not route attention through AttentionInterface, "
+                             "so shoal cannot plug in its paged KV cache.")
+        self.dtype = resolve_dtype(self.config, hf_config)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.config.model, dtype=self.dtype,
+            attn_implementation=paged_attention.ATTN_IMPLEMENTATION,
+        ).to(self.device).eval()
+        text_cfg = self.model.config.get_text_config()
+        self.num_layers = text_cfg.num_hidden_layers
+        self.num_kv_heads = text_cfg.num_key_value_heads
+        self.head_dim = getattr(text_cfg, "head_dim", None) or (
+            text_cfg.hidden_size // text_cfg.num_attention_heads)
+        self.vocab_size = text_cfg.vocab_size
+        log.info("loaded %s (%s, %s) on %s", self.config.model, model_cls.__name__,
+                 self.dtype, self.device)
+
+    def kv_bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.num_layers)
+        ]
+
+    # -- one step ------------------------------------------------------------------------
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_req_ids:
+            self.states.pop(rid, None)
+        for new in sched.new_requests:
+            gen = None
+            if new.sampling_params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
+            self.states[new.req_id] = CachedRequestState(
+                new.req_id, new.prompt_token_ids, new.sampling_params, new.eos_token_id, gen)
+
+    def _attention_metadata(self, sched: SchedulerOutput, lens: list[int]):
+        dev, bs = self.device, self.block_size
+        long = dict(dtype=torch.long, device=dev)
+        max_blocks = max(len(b) for b in sched.block_ids)
+        table = torch.tensor([b + [0] * (max_blocks - len(b)) for b in sched.block_ids], **long)
+        starts = torch.tensor(sched.start_positions, **long)
+        lens_t = torch.tensor(lens, **long)
+        row_of_token = torch.repeat_interleave(torch.arange(len(lens), device=dev), lens_t)
+        token_offsets = torch.cumsum(lens_t, 0) - lens_t
+        positions = starts[row_of_token] + torch.arange(row_of_token.numel(), device=dev) \
+            - token_offsets[row_of_token]
+        slots = table[row_of_token, positions // bs] * bs + positions % bs
+
+        decode_rows = [i for i, n in enumerate(lens) if n == 1]
+        all_decode = len(decode_rows) == len(lens)
+        decode_idx = decode_table = decode_mask = None
+        if decode_rows:
+            rows = torch.tensor(decode_rows, **long)
+            ctx = starts[rows] + 1
+            num_blocks = -(-max(sched.start_positions[i] + 1 for i in decode_rows) // bs)
+            decode_idx = token_offsets[rows]
+            decode_table = table[rows, :num_blocks]
+            keys = torch.arange(num_blocks * bs, device=dev)
+            decode_mask = (keys.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+        prefills = []
+        offset = 0
+        for i, n in enumerate(lens):
+            if n > 1:
+                start = sched.start_positions[i]
+                if start == 0:
+                    prefills.append(PrefillChunk(offset, offset + n, None, n, None))
+                else:
+                    ctx_len = start + n
+                    ids = table[i, : -(-ctx_len // bs)]
+                    q_pos = start + torch.arange(n, device=dev)
+                    mask = torch.arange(ctx_len, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1)
+                    prefills.append(PrefillChunk(offset, offset + n, ids, ctx_len, mask))
+            offset += n
+        meta = PagedAttentionMetadata(slots, decode_idx, decode_table, decode_mask, all_decode,
+                                      prefills, self.kv_caches)
+        return meta, positions
+
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched)
+        if not sched.req_ids:
+            return ModelRunnerOutput()
+        lens = [len(t) for t in sched.token_ids]
+        flat = [t for toks in sched.token_ids for t in toks]
+        input_ids = torch.tensor(flat, dtype=torch.long, device=self.device)
+        meta, positions = self._attention_metadata(sched, lens)
+        sample_rows = [i for i, s in enumerate(sched.sample) if s]
+        ends = torch.cumsum(torch.tensor(lens, device=self.device), 0) - 1
+        # Only rows that sample need logits; a step of prefill chunks alone projects one row.
+        keep = ends[torch.tensor(sample_rows or [0], device=self.device)]
+        out = self.model(input_ids=input_ids[None], position_ids=positions[None],
+                         logits_to_keep=keep, shoal_attn=meta, use_cache=False)
+        if not sample_rows:
+            return ModelRunnerOutput()
+        logits = out.logits[0]
+        states = [self.states[sched.req_ids[i]] for i in sample_rows]
+        sampling = build_sampling_metadata(states, self.vocab_size, self.device)
+        tokens = sample(logits, sampling, self.generator).tolist()
+        sampled = {}
+        for state, token in zip(states, tokens, strict=True):
+            state.output_token_ids.append(token)
+            sampled[state.req_id] = token
+        return ModelRunnerOutput(sampled)
