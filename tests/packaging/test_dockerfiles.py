@@ -9,7 +9,6 @@ import importlib.util
 import re
 
 import pytest
-
 from dockerfile_reader import Dockerfile, Stage, dockerignore, parse
 from packaging_support import REPO
 
