@@ -1,0 +1,100 @@
+"""kopf handlers: small and declarative; all decisions live in reconcile.py.
+
+Triggers, all funnelled into one `Reconciler.reconcile(body)` guarded by a per-resource lock:
+- the InferenceEngine is created, resumed (operator start) or its spec/metadata changes;
+- any engine pod of ours changes (a rank got ready, terminated, was deleted);
+- a timer every $SHOAL_RESYNC_SECONDS (backoff deadlines, drain progress, missed events);
+- deletion: a finalizer holds the resource until every group has stopped in order.
+
+Handler progress and the diff base are kept in annotations under `shoal.dev/`: the structural
+schema prunes unknown status fields, so kopf's default `status.kopf` would not persist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import kopf
+from shoal.operator import labels as L
+from shoal.operator.kube import Kube
+from shoal.operator.reconcile import Reconciler
+
+log = logging.getLogger("shoal.operator")
+
+RESYNC_SECONDS = float(os.environ.get("SHOAL_RESYNC_SECONDS", "10"))
+_state: dict = {}
+
+
+def reconciler() -> Reconciler:
+    if "r" not in _state:
+        _state["r"] = Reconciler(Kube())
+    return _state["r"]
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_):
+    settings.persistence.finalizer = "shoal.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="shoal.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="shoal.dev", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # our own Events say what happened; no echo of logs
+    settings.execution.max_workers = int(os.environ.get("SHOAL_WORKERS", "8"))
+    settings.watching.server_timeout = 300
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    reconciler()
+    log.info("shoal-operator started: resync every %.1fs, PDB API %s", RESYNC_SECONDS,
+             reconciler().pdb_api_version())
+
+
+@kopf.on.cleanup()
+def write_stats(**_):
+    """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the write counts for the benchmark."""
+    path = os.environ.get("SHOAL_OPERATOR_STATS_FILE")
+    if path and "r" in _state:
+        writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(_state["r"].kube.writes.items())}
+        with open(path, "w") as f:
+            json.dump({"writes": writes}, f)
+
+
+def _reconcile(body) -> None:
+    reconciler().reconcile(_plain(body))
+
+
+def _plain(body) -> dict:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {}),
+            "status": dict(body.get("status") or {})}
+
+
+@kopf.on.resume(L.GROUP, L.VERSION, L.PLURAL)
+@kopf.on.create(L.GROUP, L.VERSION, L.PLURAL)
+@kopf.on.update(L.GROUP, L.VERSION, L.PLURAL, field="spec")
+def on_change(body, **_):
+    _reconcile(body)
+
+
+@kopf.timer(L.GROUP, L.VERSION, L.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync(body, **_):
+    if not body["metadata"].get("deletionTimestamp"):
+        _reconcile(body)
+
+
+@kopf.on.event("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_ENGINE})
+def on_pod(body, **_):
+    owner = next((o for o in body["metadata"].get("ownerReferences") or [] if o.get("kind") == L.KIND), None)
+    if owner:
+        r = reconciler()
+        ie = r.kube.get(L.API_VERSION, L.PLURAL, body["metadata"]["namespace"], owner["name"])
+        if ie is not None and ie["metadata"].get("uid") == owner.get("uid"):
+            r.reconcile(ie)
+
+
+@kopf.on.delete(L.GROUP, L.VERSION, L.PLURAL)
+def on_delete(body, **_):
+    """Ordered stop of every group (rank 0 drains first); the finalizer goes when no pod is
+    left, and the garbage collector removes the rest through owner references."""
+    outcome = reconciler().reconcile(_plain(body))
+    if outcome.pods_left:
+        raise kopf.TemporaryError(f"waiting for {outcome.pods_left} engine pods to stop", delay=1)

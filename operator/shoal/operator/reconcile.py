@@ -1,0 +1,445 @@
+"""One reconcile pass for one InferenceEngine: observe, decide group by group, write, report.
+
+A straight list of steps (LWS style):
+1. validate the spec (problems -> SpecValid=False, nothing created);
+2. apply the singletons (frontend Deployment and Service, headless Service, PDB) when absent
+   or when their rendered hash changed;
+3. per group: detect a death (record it, Event, tear the group down, back off or give up),
+   finish a stop in progress (rank 0 first), recreate after backoff, create missing groups,
+   start at most one rolling update, track readiness;
+4. rewrite the discovery ConfigMap with the ready groups;
+5. patch status only if it changed.
+
+The operator's memory lives in `status.groups` (restarts, backoff deadline, the death already
+handled), so a restarted operator continues where the last one stopped. Every name is
+deterministic, so a second pass, or two operators racing, never duplicate an object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from shoal.operator import events, render
+from shoal.operator import labels as L
+from shoal.operator.backoff import restart_delay, restarts_exhausted
+from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
+from shoal.operator.kube import Kube
+from shoal.operator.status import summarize
+from shoal.operator.validation import spec_problems
+
+log = logging.getLogger("shoal.operator.reconcile")
+
+SINGLETON_CACHE_SECONDS = 60.0
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(s: str | None) -> dt.datetime | None:
+    if not s:
+        return None
+    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def pod_ready(pod: dict) -> bool:
+    if is_stopping(pod) or (pod.get("status") or {}).get("phase") != "Running":
+        return False
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+@dataclass
+class Outcome:
+    """What a pass leaves behind: used by the delete handler (done?) and by tests."""
+
+    pods_left: int = 0
+    requeue_after: float | None = None
+    status: dict = field(default_factory=dict)
+
+
+class Reconciler:
+    """Holds the API client, a clock, the PDB API version found by discovery and a short-lived
+    cache of singleton hashes (so a quiet pass does no GET per singleton)."""
+
+    def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True):
+        self.kube = kube
+        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self._pdb = pdb_api_version
+        self._applied: dict[tuple, tuple[str, float]] = {}
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    # ---- entry points --------------------------------------------------------------------
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def reconcile(self, body: dict) -> Outcome:
+        meta = body["metadata"]
+        with self.lock(meta["namespace"], meta["name"]):
+            # Work on the freshest copy: handlers may hand us a body that is a few events old.
+            fresh = self.kube.get(L.API_VERSION, L.PLURAL, meta["namespace"], meta["name"])
+            if fresh is None:
+                return Outcome()
+            return self._pass(fresh)
+
+    def pdb_api_version(self) -> str | None:
+        """policy/v1 where served (1.21+), else policy/v1beta1 (1.20), else no PDB."""
+        if self._pdb is True:
+            for gv in ("policy/v1", "policy/v1beta1"):
+                if "poddisruptionbudgets" in self.kube.resources(gv):
+                    self._pdb = gv
+                    break
+            else:
+                self._pdb = None
+        return self._pdb or None
+
+    # ---- the pass ------------------------------------------------------------------------
+
+    def _pass(self, body: dict) -> Outcome:
+        meta, spec = body["metadata"], render.spec_of(body)
+        name, ns = meta["name"], meta["namespace"]
+        now = self.clock()
+        old_status = body.get("status") or {}
+        deleting = bool(meta.get("deletionTimestamp"))
+        problems = spec_problems(name, spec)
+        replicas = 0 if deleting else int(spec.get("replicas", 1))
+        rev = render.engine_revision(spec)
+        st = _PassState(body=body, now=now, rev=rev, old_status=old_status,
+                        last_failure=old_status.get("lastFailure"),
+                        restart_count=int(old_status.get("restartCount", 0)))
+
+        pods = self.kube.list("v1", "pods", ns, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}")
+        pods = [p for p in pods if _owned_by(p, meta.get("uid"))]
+        by_group: dict[int, dict[int, dict]] = {}
+        for p in pods:
+            lbl = p["metadata"]["labels"]
+            by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
+        memory = {int(g["index"]): dict(g) for g in old_status.get("groups") or []}
+
+        if not problems and not deleting:
+            self._apply_singletons(body)
+
+        indexes = sorted(set(by_group) | {i for i in memory if i in by_group} | set(range(replicas if not problems else 0)))
+        groups: list[dict] = []
+        for g in indexes:
+            mem = memory.get(g, {"index": g, "restarts": 0})
+            gpods = by_group.get(g, {})
+            if problems and g not in by_group:
+                continue
+            if problems:  # invalid spec: keep what runs, create nothing, still watch for deaths
+                new = self._watch_only(st, g, mem, gpods)
+            elif g >= replicas:
+                new = self._stop(st, g, mem, gpods, "delete" if deleting else "scale-down")
+            else:
+                new = self._group(st, g, mem, gpods, replicas)
+            if new is not None:
+                new["ranks"] = _ranks(by_group.get(g, {}) if new.get("phase") != "BackingOff" else {})
+                groups.append(new)
+
+        # Rolling update: at most one group stops for an update at a time, and only when every
+        # group already at the new revision is ready.
+        if not problems and not deleting:
+            self._roll_one(st, groups, by_group)
+
+        ready_groups = [g["index"] for g in groups if g["phase"] == "Ready" and g["index"] < replicas]
+        if not problems and not deleting:
+            self._apply(body, render.discovery_configmap(body, ready_groups))
+
+        phase, conditions = summarize(
+            replicas=replicas, groups=groups, problems=problems, deleting=deleting,
+            last_failure=st.last_failure, generation=meta.get("generation", 0), now=_iso(now),
+            previous=old_status.get("conditions") or [])
+        status = {
+            "observedGeneration": meta.get("generation", 0),
+            "phase": phase,
+            "replicas": sum(1 for g in groups if g["index"] < replicas),
+            "readyReplicas": len(ready_groups),
+            "updatedReplicas": sum(1 for g in groups if g.get("revision") == rev and g["index"] < replicas),
+            "ready": f"{len(ready_groups)}/{replicas}",
+            "selector": render.selector_string(name),
+            "endpoint": L.endpoint_url(name, ns),
+            "restartCount": st.restart_count,
+            "revision": rev,
+            "conditions": conditions,
+            "groups": groups,
+        }
+        if st.last_failure:
+            status["lastFailure"] = st.last_failure
+        if _differs(old_status, status):
+            patch = dict(status)
+            if old_status.get("lastFailure") and st.last_failure:  # merge-patch: clear stale keys
+                patch["lastFailure"] = {k: None for k in old_status["lastFailure"]} | st.last_failure
+            self.kube.patch(L.API_VERSION, L.PLURAL, ns, name, {"status": patch}, sub="status")
+        left = sum(len(v) for v in by_group.values())
+        return Outcome(pods_left=left, requeue_after=st.requeue_after, status=status)
+
+    # ---- singletons ----------------------------------------------------------------------
+
+    def _apply_singletons(self, body: dict) -> None:
+        objs = [render.frontend_deployment(body), render.frontend_service(body), render.ranks_service(body)]
+        pdb = self.pdb_api_version()
+        if pdb:
+            objs.append(render.pod_disruption_budget(body, pdb))
+        for obj in objs:
+            self._apply(body, obj)
+
+    def _apply(self, body: dict, obj: dict) -> None:
+        """Create when absent; merge-patch when the rendered hash changed; else write nothing."""
+        meta = obj["metadata"]
+        want = meta["annotations"][L.ANNOTATION_SPEC_HASH]
+        key = (obj["kind"], meta["namespace"], meta["name"], body["metadata"]["uid"])
+        cached = self._applied.get(key)
+        if cached and cached[0] == want and time.monotonic() - cached[1] < SINGLETON_CACHE_SECONDS:
+            return
+        plural = {"Deployment": "deployments", "Service": "services", "ConfigMap": "configmaps",
+                  "PodDisruptionBudget": "poddisruptionbudgets"}[obj["kind"]]
+        have = self.kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
+        if have is None:
+            self.kube.create(obj)
+        elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
+            patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
+            patch.update({k: v for k, v in obj.items() if k in ("spec", "data")})
+            self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
+        self._applied[key] = (want, time.monotonic())
+
+    # ---- groups --------------------------------------------------------------------------
+
+    def _group(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], replicas: int) -> dict:
+        spec = render.spec_of(st.body)
+        nodes = int(spec.get("nodesPerGroup", 1))
+        mem = {**mem, "index": g}
+        mem.setdefault("restarts", 0)
+
+        death = root_cause(list(pods.values()))
+        if death is None and pods and mem.get("phase") == "Ready" and len(pods) < nodes and not any(
+                is_stopping(p) for p in pods.values()):
+            death = _vanished(st, g, mem, pods, nodes)
+        if death and death.key != mem.get("failureKey"):
+            return self._on_death(st, g, mem, pods, death)
+
+        phase = mem.get("phase")
+        if phase == "Failed":
+            if _revision(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
+                # The spec changed since the permanent failure: try again from scratch.
+                self._teardown(st, pods, grace=0)
+                mem.update(phase="Pending", restarts=0, message="spec changed; recreating")
+                mem.pop("nextRestartTime", None)
+                if not pods:
+                    return self._create(st, g, mem)
+            return mem
+        if phase == "BackingOff":
+            if pods:
+                self._teardown(st, pods, grace=0)
+                return mem
+            due = _parse(mem.get("nextRestartTime"))
+            if due and st.now < due:
+                st.requeue((due - st.now).total_seconds())
+                return mem
+            events.emit(self.kube, st.body, events.NORMAL, "GroupRestarted",
+                        f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
+            mem.pop("nextRestartTime", None)
+            return self._create(st, g, mem)
+        if phase in ("Updating", "Draining") or any(is_stopping(p) for p in pods.values()):
+            if pods:
+                return self._stop(st, g, mem, pods, mem.get("stopReason") or "update")
+            mem.pop("stopReason", None)
+            return self._create(st, g, mem)
+        if not pods:
+            return self._create(st, g, mem)
+        if len(pods) < nodes:  # a create that did not finish: complete the group
+            return self._create(st, g, mem, existing=pods)
+
+        mem["revision"] = _revision(pods) or st.rev
+        if all(pod_ready(p) for p in pods.values()):
+            if mem.get("phase") != "Ready":
+                mem["readySince"] = _iso(st.now)
+                log.info("%s group %d ready (%d ranks)", _ref(st.body), g, nodes)
+            mem.update(phase="Ready", message=f"all {nodes} ranks ready")
+            reset = int((spec.get("restartPolicy") or {}).get("resetAfterSeconds", 600))
+            since = _parse(mem.get("readySince"))
+            if mem.get("restarts") and since and (st.now - since).total_seconds() >= reset:
+                mem["restarts"] = 0
+        else:
+            ready = sum(pod_ready(p) for p in pods.values())
+            mem.update(phase="Starting", message=f"{ready}/{nodes} ranks ready")
+            mem.pop("readySince", None)
+        return mem
+
+    def _on_death(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
+        spec = render.spec_of(st.body)
+        rp = spec.get("restartPolicy") or {}
+        st.last_failure = death.to_status()
+        mem["failureKey"] = death.key
+        mem.pop("readySince", None)
+        events.emit(self.kube, st.body, events.WARNING, "EngineDied",
+                    f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
+                    f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}")
+        restarts = int(mem.get("restarts", 0))
+        if death.permanent or rp.get("policy") == "Never" or restarts_exhausted(restarts, int(rp.get("maxRestarts", 10))):
+            why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
+                   else "restartPolicy.policy is Never" if rp.get("policy") == "Never"
+                   else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
+            mem.update(phase="Failed", revision=_revision(pods) or st.rev,
+                       message=f"rank {death.rank} {death.cause}: not restarting: {why}")
+            events.emit(self.kube, st.body, events.WARNING, "RestartSkipped",
+                        f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
+            # Keep the failed pod for its logs; stop the ranks that are still running.
+            self._teardown(st, {r: p for r, p in pods.items() if failure_of(p) is None}, grace=0)
+            return mem
+        restarts += 1
+        delay = restart_delay(restarts, int(rp.get("backoffBaseSeconds", 10)), int(rp.get("backoffMaxSeconds", 300)))
+        st.restart_count += 1
+        mem.update(phase="BackingOff", restarts=restarts, nextRestartTime=_iso(st.now + dt.timedelta(seconds=delay)),
+                   message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
+        events.emit(self.kube, st.body, events.NORMAL, "GroupRestarting",
+                    f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
+        # A tensor-parallel group with a dead rank cannot continue: all ranks go at once.
+        self._teardown(st, pods, grace=0)
+        st.requeue(delay)
+        return mem
+
+    def _watch_only(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+        mem = {**mem, "index": g}
+        mem.setdefault("phase", "Pending")
+        return mem
+
+    def _create(self, st: _PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
+        existing = existing or {}
+        for pod in render.group_pods(st.body, g):
+            if int(pod["metadata"]["labels"][L.LABEL_RANK]) not in existing:
+                self.kube.create(pod)
+        nodes = int(render.spec_of(st.body).get("nodesPerGroup", 1))
+        mem.update(phase="Starting", revision=st.rev, message=f"0/{nodes} ranks ready")
+        for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
+            mem.pop(k, None)
+        log.info("%s group %d created %d ranks at revision %s", _ref(st.body), g, nodes, st.rev)
+        return mem
+
+    def _teardown(self, st: _PassState, pods: dict[int, dict], grace: int | None) -> None:
+        for p in pods.values():
+            # A pod already stopping is left alone, unless it must now go faster (grace 0).
+            if not is_stopping(p) or (grace == 0 and p["metadata"].get("deletionGracePeriodSeconds") != 0):
+                self.kube.delete("v1", "pods", p["metadata"]["namespace"], p["metadata"]["name"],
+                                 grace_seconds=grace, uid=p["metadata"].get("uid"))
+
+    # ---- ordered stop: rank 0 drains first, headless ranks stay until it is gone -----------
+
+    def _stop(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
+        mem = {**mem, "index": g}
+        if not pods:
+            if mem.get("drainStartTime"):
+                self._drain_done(st, g, mem)
+            return None if reason in ("scale-down", "delete") else mem
+        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
+        mem.update(phase="Updating" if reason == "update" else "Draining", stopReason=reason)
+        dead = root_cause(list(pods.values()))
+        rank0 = pods.get(0)
+        if timeout == 0 or dead is not None:
+            if not all(is_stopping(p) for p in pods.values()):
+                events.emit(self.kube, st.body, events.NORMAL, "GroupAborted",
+                            f"group {g}: stopping all {len(pods)} ranks at once ({reason}, "
+                            + ("shutdown.timeoutSeconds is 0)" if timeout == 0 else "the engine is dead)"))
+            self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
+            mem["message"] = f"aborting ({reason})"
+            return mem
+        if rank0 is not None:
+            if not is_stopping(rank0):
+                self.kube.delete("v1", "pods", rank0["metadata"]["namespace"], rank0["metadata"]["name"],
+                                 uid=rank0["metadata"].get("uid"))
+                mem["drainStartTime"] = _iso(st.now)
+                events.emit(self.kube, st.body, events.NORMAL, "DrainStarted",
+                            f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
+                            f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes")
+            started = _parse(mem.get("drainStartTime")) or st.now
+            mem["message"] = (f"rank 0 draining ({reason}), {int((st.now - started).total_seconds())}s "
+                              f"of {timeout}s")
+            st.requeue(2.0)
+            return mem
+        # Rank 0 is gone: its headless ranks have nothing left to serve.
+        if mem.get("drainStartTime"):
+            self._drain_done(st, g, mem)
+        self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
+        mem["message"] = f"stopping headless ranks ({reason})"
+        return mem
+
+    def _drain_done(self, st: _PassState, g: int, mem: dict) -> None:
+        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
+        took = (st.now - (_parse(mem.pop("drainStartTime")) or st.now)).total_seconds()
+        if took <= timeout + render.SHUTDOWN_MARGIN_SECONDS:
+            events.emit(self.kube, st.body, events.NORMAL, "DrainFinished",
+                        f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
+        else:
+            events.emit(self.kube, st.body, events.WARNING, "DrainOverdue",
+                        f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")
+
+    def _roll_one(self, st: _PassState, groups: list[dict], by_group: dict[int, dict[int, dict]]) -> None:
+        if any(g["phase"] in ("Updating",) for g in groups):
+            return
+        if any(g.get("revision") == st.rev and g["phase"] == "Starting" for g in groups):
+            return
+        # Groups that are not serving anyway go first; then ready ones, lowest index first.
+        for g in sorted(groups, key=lambda g: (g["phase"] == "Ready", g["index"])):
+            pods = by_group.get(g["index"], {})
+            if pods and g["phase"] in ("Ready", "Starting") and g.get("revision") != st.rev:
+                events.emit(self.kube, st.body, events.NORMAL, "GroupUpdating",
+                            f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
+                g.update(self._stop(st, g["index"], g, pods, "update"))
+                g["ranks"] = _ranks(pods)
+                return
+
+
+@dataclass
+class _PassState:
+    body: dict
+    now: dt.datetime
+    rev: str
+    old_status: dict
+    last_failure: dict | None
+    restart_count: int
+    requeue_after: float | None = None
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.5)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def _owned_by(pod: dict, uid: str | None) -> bool:
+    return any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def _revision(pods: dict[int, dict]) -> str | None:
+    revs = {p["metadata"]["labels"].get(L.LABEL_REVISION) for p in pods.values()}
+    return revs.pop() if len(revs) == 1 else (None if not revs else "mixed")
+
+
+def _ranks(pods: dict[int, dict]) -> list[dict]:
+    return [{"rank": r, "pod": p["metadata"]["name"], "node": (p.get("spec") or {}).get("nodeName") or "",
+             "phase": (p.get("status") or {}).get("phase") or "Pending", "ready": pod_ready(p)}
+            for r, p in sorted(pods.items())]
+
+
+def _vanished(st: _PassState, g: int, mem: dict, pods: dict[int, dict], nodes: int) -> Failure:
+    missing = sorted(set(range(nodes)) - set(pods))
+    any_pod = next(iter(pods.values()))
+    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.body["metadata"]["name"], g, missing[0]),
+                   uid=f"missing-{any_pod['metadata'].get('uid')}", node="", exit_code=None, signal=None,
+                   reason="Deleted", cause="unexpected_exit", permanent=False,
+                   message=f"pod of rank {missing[0]} disappeared while the group was ready "
+                           "(deleted or evicted by someone other than the operator)",
+                   time=_iso(st.now))
+
+
+def _ref(body: dict) -> str:
+    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+
+
+def _differs(old: dict, new: dict) -> bool:
+    """Status changed, ignoring keys that only the operator's clock moves."""
+    return {k: old.get(k) for k in new} != new

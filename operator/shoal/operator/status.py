@@ -1,0 +1,69 @@
+"""Summaries of observed state: conditions in the Kubernetes API conventions and the phase.
+
+Pure functions over the per-group state the reconciler computed.
+"""
+
+from __future__ import annotations
+
+
+def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int, now: str,
+              previous: list[dict]) -> dict:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    prev = next((c for c in previous if c.get("type") == type_), None)
+    since = prev["lastTransitionTime"] if prev and prev.get("status") == status and prev.get("lastTransitionTime") else now
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since, "observedGeneration": generation}
+
+
+def camel(cause: str) -> str:
+    return "".join(p.capitalize() for p in cause.split("_")) or "Unknown"
+
+
+def summarize(*, replicas: int, groups: list[dict], problems: list[str], deleting: bool,
+              last_failure: dict | None, generation: int, now: str, previous: list[dict]) -> tuple[str, list[dict]]:
+    """(phase, conditions) from the desired group count and each group's phase."""
+    desired = [g for g in groups if g["index"] < replicas]
+    ready = sum(1 for g in desired if g["phase"] == "Ready")
+    failed = [g for g in desired if g["phase"] == "Failed"]
+    backing = [g for g in desired if g["phase"] == "BackingOff"]
+    moving = [g for g in groups if g["phase"] in ("Pending", "Starting", "Updating", "Draining")]
+
+    conds = [condition("SpecValid", not problems, "Invalid" if problems else "Valid",
+                       "; ".join(problems) or "spec accepted", generation, now, previous)]
+    if ready == replicas:
+        conds.append(condition("Ready", True, "AllGroupsReady", f"{ready}/{replicas} engine groups ready",
+                               generation, now, previous))
+    else:
+        conds.append(condition("Ready", False, "GroupsNotReady", f"{ready}/{replicas} engine groups ready",
+                               generation, now, previous))
+    conds.append(condition("Progressing", bool(moving), "GroupsChanging" if moving else "Stable",
+                           ", ".join(f"group {g['index']} {g['phase']}" for g in moving) or "no change in progress",
+                           generation, now, previous))
+    bad = failed + backing
+    conds.append(condition("Degraded", bool(bad), "GroupsFailed" if bad else "AsDesired",
+                           "; ".join(f"group {g['index']} {g['phase']}: {g.get('message', '')}" for g in bad)
+                           or "no failed group", generation, now, previous))
+    if bad and last_failure:
+        lf = last_failure
+        reason = ("PermanentError" if lf.get("permanent") else camel(lf.get("cause", "unknown")))
+        msg = (f"group {lf.get('group')} rank {lf.get('rank')} pod {lf.get('pod')} "
+               f"({lf.get('cause')}, exit code {lf.get('exitCode')}): {lf.get('message', '')}")
+        if any(g["phase"] == "Failed" for g in bad):
+            msg += " -- not restarting: " + "; ".join(g.get("message", "") for g in failed)
+        conds.append(condition("EngineDead", True, reason, msg[:2000], generation, now, previous))
+    else:
+        conds.append(condition("EngineDead", False, "EnginesAlive", "no engine group is dead", generation, now, previous))
+
+    if deleting:
+        phase = "Terminating"
+    elif problems or (replicas and len(failed) == replicas):
+        phase = "Failed"
+    elif bad:
+        phase = "Degraded"
+    elif ready == replicas:
+        phase = "Ready"
+    elif not groups:
+        phase = "Pending"
+    else:
+        phase = "Progressing"
+    return phase, conds

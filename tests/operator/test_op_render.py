@@ -1,0 +1,188 @@
+"""Rendering is pure: table-driven checks of the manifests, no cluster needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from op_builders import engine
+from shoal.operator import labels as L
+from shoal.operator import render
+from shoal.operator.validation import spec_problems
+
+
+def _by_kind(objs):
+    out = {}
+    for o in objs:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+def _container(pod):
+    return pod["spec"]["containers"][0]
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_every_child_is_owned_by_the_engine_and_labelled():
+    body = engine().groups(2).ranks(2).obj()
+    for obj in render.render_children(body):
+        meta = obj["metadata"]
+        assert meta["ownerReferences"] == [{"apiVersion": L.API_VERSION, "kind": L.KIND, "name": "llm",
+                                            "uid": body["metadata"]["uid"], "controller": True,
+                                            "blockOwnerDeletion": True}]
+        assert meta["labels"][L.LABEL_ENGINE] == "llm" and meta["namespace"] == "ns"
+
+
+def test_one_pod_per_rank_per_group_with_stable_names():
+    kinds = _by_kind(render.render_children(engine().groups(3).ranks(2).obj()))
+    names = sorted(p["metadata"]["name"] for p in kinds["Pod"])
+    assert names == [f"llm-g{g}-r{r}" for g in range(3) for r in range(2)]
+    assert {k: len(v) for k, v in kinds.items() if k != "Pod"} == {
+        "Deployment": 1, "Service": 2, "ConfigMap": 1, "PodDisruptionBudget": 1}
+
+
+@pytest.mark.parametrize(
+    "rank, headless, has_http, probes",
+    [
+        (0, False, True, {"startupProbe", "readinessProbe", "livenessProbe"}),
+        (1, True, False, set()),
+        (3, True, False, set()),
+    ],
+)
+def test_rank_command_lines_and_probes(rank, headless, has_http, probes):
+    body = engine("llm", "team").ranks(4, tp=8).drain(45).set(masterPort=29600).obj()
+    pod = render.engine_pod(body, group=1, rank=rank)
+    c = _container(pod)
+    args = c["args"]
+    assert c["command"] == ["shoal"] and args[:2] == ["serve", "/models/tiny"]
+    assert ("--headless" in args) is headless
+    assert _flag(args, "--nnodes") == "4" and _flag(args, "--node-rank") == str(rank)
+    assert _flag(args, "--master-addr") == "llm-g1-r0.llm-ranks.team.svc"
+    assert _flag(args, "--master-port") == "29600"
+    assert _flag(args, "--tensor-parallel-size") == "8"
+    assert _flag(args, "--shutdown-timeout") == "45"
+    assert (_flag(args, "--port") == "8000") is has_http
+    assert probes == {k for k in c if k.endswith("Probe")}
+    assert pod["spec"]["hostname"] == f"llm-g1-r{rank}" and pod["spec"]["subdomain"] == "llm-ranks"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["SHOAL_RANK"] == str(rank) and env["SHOAL_GROUP"] == "1" and env["SHOAL_GROUP_SIZE"] == "4"
+
+
+def test_a_single_rank_group_gets_no_multi_node_flags():
+    args = _container(render.engine_pod(engine().obj(), 0, 0))["args"]
+    assert not {"--headless", "--nnodes", "--node-rank", "--master-addr"} & set(args)
+
+
+@pytest.mark.parametrize("timeout, grace", [(0, 15), (30, 45), (600, 615)])
+def test_grace_period_covers_the_drain_plus_a_margin(timeout, grace):
+    body = engine().drain(timeout).obj()
+    assert render.engine_pod(body, 0, 0)["spec"]["terminationGracePeriodSeconds"] == grace
+    assert render.frontend_deployment(body)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+
+
+def test_startup_probe_budget_follows_the_startup_timeout_not_a_fixed_delay():
+    body = engine().set(engine={"startupTimeoutSeconds": 1805}).obj()
+    probe = _container(render.engine_pod(body, 0, 0))["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 1805 and "initialDelaySeconds" not in probe
+
+
+def test_stock_vllm_runtime_uses_the_same_flags():
+    body = engine().ranks(2).set(runtime="VLLM").obj()
+    c = _container(render.engine_pod(body, 0, 1))
+    assert c["command"] == ["vllm"] and "--headless" in c["args"]
+
+
+def test_user_args_env_resources_and_model_volume_reach_every_rank():
+    body = engine().ranks(2).set(
+        engine={"extraArgs": ["--max-model-len", "4096"], "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                "resources": {"limits": {"nvidia.com/gpu": 8}}},
+        modelVolume={"mountPath": "/weights", "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
+    ).obj()
+    for pod in render.group_pods(body, 0):
+        c = _container(pod)
+        assert c["args"][-2:] == ["--max-model-len", "4096"]
+        assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+        assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+        assert {"name": "model", "mountPath": "/weights", "readOnly": True} in c["volumeMounts"]
+        assert {"name": "model", "persistentVolumeClaim": {"claimName": "w"}} in pod["spec"]["volumes"]
+
+
+def test_frontend_serves_port_8000_and_reads_the_discovery_file():
+    body = engine().set(frontend={"replicas": 3}).obj()
+    dep = render.frontend_deployment(body)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert dep["spec"]["replicas"] == 3
+    assert _flag(c["args"], "--engine-discovery-file") == f"{L.DISCOVERY_MOUNT}/{L.DISCOVERY_FILE}"
+    svc = render.frontend_service(body)
+    assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
+
+
+def test_discovery_lists_only_the_ready_groups_by_stable_rank0_address():
+    body = engine("llm", "prod").groups(3).obj()
+    data = json.loads(render.discovery_configmap(body, [2, 0])["data"][L.DISCOVERY_FILE])
+    assert data == {"model": "tiny", "groups": [
+        {"group": 0, "url": "http://llm-g0-r0.llm-ranks.prod.svc:8000"},
+        {"group": 2, "url": "http://llm-g2-r0.llm-ranks.prod.svc:8000"}]}
+
+
+def test_headless_service_publishes_not_ready_ranks():
+    svc = render.ranks_service(engine().obj())
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+@pytest.mark.parametrize("api", ["policy/v1", "policy/v1beta1"])
+def test_pdb_follows_the_discovered_api_version(api):
+    kinds = _by_kind(render.render_children(engine().obj(), pdb_api_version=api))
+    assert kinds["PodDisruptionBudget"][0]["apiVersion"] == api
+
+
+def test_no_pdb_when_the_server_has_no_policy_api():
+    assert "PodDisruptionBudget" not in _by_kind(render.render_children(engine().obj(), pdb_api_version=None))
+
+
+@pytest.mark.parametrize(
+    "change, rolls",
+    [
+        ({"replicas": 7}, False),
+        ({"frontend": {"replicas": 4}}, False),
+        ({"restartPolicy": {"maxRestarts": 1}}, False),
+        ({"image": "shoal:v2"}, True),
+        ({"engine": {"extraArgs": ["--enforce-eager"]}}, True),
+        ({"shutdown": {"timeoutSeconds": 99}}, True),
+    ],
+)
+def test_only_engine_fields_change_the_revision(change, rolls):
+    before = engine().obj()
+    after = engine().set(**change).obj()
+    assert (render.engine_revision(before["spec"]) != render.engine_revision(after["spec"])) is rolls
+
+
+def test_rendering_is_deterministic():
+    body = engine().groups(2).ranks(2).obj()
+    assert render.render_children(body) == render.render_children(body)
+
+
+@pytest.mark.parametrize(
+    "name, spec, problem",
+    [
+        ("llm", {"model": "m", "tensorParallelSize": 3, "nodesPerGroup": 2}, "multiple of spec.nodesPerGroup"),
+        ("x" * 50, {"model": "m"}, "at most 45"),
+        ("llm", {"model": "m", "restartPolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 5}}, "backoffMaxSeconds"),
+        ("llm", {"model": "m", "modelVolume": {"volume": {}}}, "exactly one volume source"),
+        ("llm", {"model": "m", "modelVolume": {"volume": {"hostPath": {"path": "/m"}, "name": "x"}}}, "must not set `name`"),
+    ],
+)
+def test_cross_field_problems_say_what_to_fix(name, spec, problem):
+    problems = spec_problems(name, spec)
+    assert any(problem in p for p in problems), problems
+
+
+def test_a_valid_spec_has_no_problems():
+    assert spec_problems("llm", engine().ranks(2, tp=8).obj()["spec"]) == []
