@@ -5,6 +5,7 @@ pods, namespaced mode, generated CRDs, clear refusals of bad values)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -221,3 +222,16 @@ def test_chart_crds_are_the_generated_crds(helm_template):
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
     shipped = by_kind(helm_template("--include-crds"), "CustomResourceDefinition")
     assert shipped == [crd.crd()]
+
+
+def test_chart_readme_documents_every_value():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    table = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
+    keys = set()
+    for k, v in values.items():
+        nested = isinstance(v, dict) and v and k not in ("resources", "podSecurityContext", "securityContext")
+        keys |= {f"{k}.{sub}" for sub in v} if nested else {k}
+    assert keys <= table, f"undocumented in charts/shoal/README.md: {sorted(keys - table)}"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(values) == set(schema["properties"]), "values.yaml and values.schema.json disagree"

@@ -1,22 +1,47 @@
 {{/*
-The operator's API permissions, exactly shoal.operator.rbac.RULES split by scope.
-Keep in sync with operator/shoal/operator/rbac.py: tests/packaging/test_chart.py fails on any
-difference and prints the YAML to paste here.
+The operator's API permissions: exactly shoal.operator.rbac.RULES (operator/shoal/operator/rbac.py),
+split by scope. tests/packaging/test_chart.py fails on any difference and prints what to paste here.
+Namespaced rules go into the ClusterRole (cluster-wide mode) or into a Role per watched namespace;
+cluster-scoped rules always need the ClusterRole.
 */}}
 
 {{- define "shoal.rules.namespaced" -}}
+# kopf watches the resources and patches finalizers and its annotations.
 - apiGroups: ["shoal.dev"]
   resources: ["inferenceengines"]
   verbs: ["get", "list", "watch", "patch"]
+# Status is written through the status subresource only.
 - apiGroups: ["shoal.dev"]
   resources: ["inferenceengines/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers.
+- apiGroups: ["shoal.dev"]
+  resources: ["inferenceengines/finalizers"]
+  verbs: ["update"]
+# Engine pods are owned directly: listed, watched, created and deleted (never updated).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "delete"]
+# Frontend Service, headless ranks Service, discovery ConfigMap.
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "create", "patch"]
+# Engine deaths, restarts and drains as Events.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The frontend Deployment.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch"]
+# The engines' PodDisruptionBudget (policy/v1, or v1beta1 on old servers).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 {{- end -}}
 
 {{- define "shoal.rules.cluster" -}}
+# kopf follows CRDs, so a CRD installed after the operator started is still served.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
