@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-
 from shoal.engine.wire import EngineCoreOutput, EngineCoreOutputs, OutputBatch
 
 # Arrays smaller than this travel inline in the msgpack frame; a separate frame costs more than

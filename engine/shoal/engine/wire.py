@@ -22,10 +22,11 @@ The ABI rule, in full (PROTOCOL_VERSION guards it):
 What travels where (see docs/serving.md for the diagram):
 - frontend -> engine, on the engine's DEALER (frontend ROUTER): [identity][RequestType][msgpack]
   with EngineCoreRequest (ADD), list[str] (ABORT), UtilityCall (UTILITY), HandshakeAck.
-- engine -> frontend, on the same socket during start-up: EngineHello, then EngineReady.
+- engine -> frontend, on the same socket, first thing at start-up: EngineHello.
 - engine -> frontend, on PUSH (frontend PULL): OutputBatch (the columnar form of
-  EngineCoreOutputs, see codec.py) plus zero-copy aux frames; or a two-frame
-  [ENGINE_CORE_DEAD][EngineDead] / [ENGINE_CORE_STOPPED][EngineStopped] notice.
+  EngineCoreOutputs, see codec.py) plus zero-copy aux frames; or a two-frame notice:
+  [ENGINE_CORE_READY][EngineReady], [ENGINE_CORE_DEAD][EngineDead],
+  [ENGINE_CORE_STOPPED][EngineStopped].
 """
 
 from __future__ import annotations
@@ -238,9 +239,6 @@ class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
     startup_seconds: float = 0.0  # engine-side time from process start to ready
 
 
-# Engine -> frontend handshake messages share the input socket; the tag tells them apart.
-HandshakeMessage = EngineHello | EngineReady
-
 
 # ----- control plane ------------------------------------------------------------------------
 
@@ -283,6 +281,7 @@ class OutputBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
 # ----- death and clean exit -----------------------------------------------------------------
 
 # First frame of the two-frame notices on the output socket (a msgpack batch never starts so).
+ENGINE_CORE_READY = b"ENGINE_CORE_READY"
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 ENGINE_CORE_STOPPED = b"ENGINE_CORE_STOPPED"
 

@@ -1,0 +1,1 @@
+"""Process entry points: `shoal serve` (serve.py) and its HTTP app (api_server.py)."""

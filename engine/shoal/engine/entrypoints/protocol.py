@@ -1,0 +1,143 @@
+"""OpenAI request bodies (pydantic) and their translation to SamplingParams.
+
+Unknown fields are ignored, as OpenAI's and vLLM's servers do; wrong types are a 400 that names
+the field (see api_server's validation handler).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.wire import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
+        if not 1 <= self.n <= 16:
+            raise InvalidRequestError(f"n must be between 1 and 16, got {self.n}.")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise InvalidRequestError("seed must fit in a signed 64-bit integer.")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        fields: dict[str, Any] = dict(
+            n=1,  # the server fans n out into n engine requests
+            max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
+            seed=self.seed, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
+            raise InvalidRequestError(
+                f"max_tokens must be at least 1, got {fields['max_tokens']}.")
+        return SamplingParams(**fields)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise InvalidRequestError("prompt must not be empty.")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+    def check_supported(self) -> None:
+        if self.logprobs is not None:
+            raise InvalidRequestError("logprobs are not supported by this server.")
+        if self.echo:
+            raise InvalidRequestError("echo is not supported by this server.")
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported by this server.")
+        if self.best_of not in (None, 1, self.n):
+            raise InvalidRequestError("best_of is not supported (only best_of == n).")
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+
+    def check_supported(self) -> None:
+        if self.logprobs or self.top_logprobs:
+            raise InvalidRequestError("logprobs are not supported by this server.")
+        if self.max_completion_tokens is not None and self.max_tokens is None:
+            self.max_tokens = self.max_completion_tokens
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,252 @@
+"""`shoal serve MODEL`: the OpenAI-compatible server (vLLM's flag names).
+
+Processes: this one (the API server: uvicorn + FastAPI + AsyncLLM, the tokenizer, metrics) and
+one EngineCore process it starts (`python -m shoal.engine.engine_core_proc`), joined by ZeroMQ.
+
+Signals: the first SIGTERM/SIGINT stops admissions (503, /health 503) and forwards SIGTERM to the
+engine, which aborts (`--shutdown-timeout 0`) or drains (> 0) what is in flight; the server exits
+when the engine has stopped. A second signal exits at once. Exit code: 0 after a requested
+shutdown, 1 when the engine died (the root cause is logged and written as the Kubernetes
+termination message), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+import time
+
+logger = logging.getLogger("shoal.serve")
+
+# After the engine dies, keep answering (503 on /health, 500 with the root cause on requests)
+# this long before exiting, so probes and clients see why.
+DEAD_LINGER_ENV = "SHOAL_DEAD_LINGER_S"
+DEFAULT_DEAD_LINGER_S = 2.0
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '512M', '2GiB', '1.5G' -> bytes (K/M/G/T are powers of 1024, like vLLM)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2147483648, 512M, 2G)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    return int(value * 1024 ** " kmgt".index(unit or " "))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shoal serve",
+        description="Serve a local Hugging Face causal LM over an OpenAI-compatible HTTP API "
+                    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
+                    "/version, /tokenize, /detokenize). Flag names follow `vllm serve`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", help="local model directory (config.json, safetensors, tokenizer); "
+                                 "`shoal make-model DIR` writes one")
+    net = p.add_argument_group("HTTP")
+    net.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    net.add_argument("--port", type=int, default=8000, help="port to listen on")
+    net.add_argument("--served-model-name", nargs="+", default=None,
+                     help="model name(s) clients send as `model`; the first is reported in "
+                          "responses (default: the model path)")
+    net.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--max-model-len", type=int, default=None,
+                     help="context length (prompt + output); default: the model's own")
+    eng.add_argument("--max-num-seqs", type=int, default=256,
+                     help="most requests running in one batch")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                     help="token budget of one engine step (long prompts are chunked)")
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                     default=True, help="reuse KV blocks of shared prompt prefixes")
+    eng.add_argument("--dtype", default="auto",
+                     choices=["auto", "float32", "bfloat16", "float16"],
+                     help="weight/activation dtype; auto = the model's own")
+    eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    eng.add_argument("--seed", type=int, default=0,
+                     help="seed of the engine's generator for unseeded sampled requests")
+    eng.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
+                     help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB, else 1 GiB)")
+    eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                     help="use exactly this many KV blocks instead of sizing from the budget")
+    eng.add_argument("--shutdown-timeout", type=float, default=0.0,
+                     help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
+                          "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
+                          "ones for up to N seconds, then abort the rest")
+    par = p.add_argument_group("parallelism (accepted for the operator; one rank is implemented)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                     help="ranks per model replica (only 1 is implemented)")
+    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                     help="pipeline stages (only 1 is implemented)")
+    par.add_argument("--nnodes", type=int, default=1, help="nodes in the group (only 1)")
+    par.add_argument("--node-rank", type=int, default=0, help="this node's rank in the group")
+    par.add_argument("--master-addr", default=None, help="rank-0 address for multi-node groups")
+    par.add_argument("--master-port", type=int, default=None, help="rank-0 port for multi-node")
+    par.add_argument("--headless", action="store_true",
+                     help="run workers only (no API server) on a non-zero node rank")
+    p.add_argument("--engine-host", default=None,
+                   help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _config_error(message: str) -> int:
+    from shoal.engine.termination import Cause, write_termination_message
+
+    logger.error("configuration error: %s", message)
+    print(f"shoal serve: error: {message}", file=sys.stderr)
+    write_termination_message(Cause.CONFIG_ERROR, message, exit_code=2)
+    return 2
+
+
+def _check_parallelism(args) -> str | None:
+    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1 or args.nnodes < 1:
+        return "--tensor-parallel-size, --pipeline-parallel-size and --nnodes must be >= 1"
+    if not 0 <= args.node_rank < args.nnodes:
+        return f"--node-rank {args.node_rank} is outside [0, --nnodes {args.nnodes})"
+    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1 or args.nnodes > 1:
+        return (f"multi-rank execution (tensor-parallel-size {args.tensor_parallel_size}, "
+                f"pipeline-parallel-size {args.pipeline_parallel_size}, nnodes {args.nnodes}) is "
+                "not implemented in shoal's engine yet; run one rank per replica (tp=1, nnodes=1)")
+    if args.headless:
+        return "--headless is only meaningful with --nnodes > 1 on a non-zero --node-rank"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [frontend] %(message)s")
+    started = time.monotonic()
+    problem = _check_parallelism(args)
+    if problem:
+        return _config_error(problem)
+    from shoal.engine.config import EngineConfig
+
+    try:
+        config = EngineConfig(
+            model=args.model, dtype=args.dtype, device=args.device,
+            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed)
+    except ValueError as exc:
+        return _config_error(str(exc))
+    names = args.served_model_name or [args.model]
+
+    # Until uvicorn installs its handlers: a signal during start-up stops start-up cleanly.
+    def _startup_signal(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, _startup_signal)
+    from shoal.engine.frontend.async_llm import AsyncLLM
+    from shoal.engine.mp_client import EngineDeadError, EngineStartupError
+
+    logger.info("starting engine for %s (loading tokenizer meanwhile)", args.model)
+    try:
+        llm = AsyncLLM(config, served_model_name=names[0], shutdown_timeout=args.shutdown_timeout,
+                       host=args.engine_host, log_level=args.log_level)
+    except EngineDeadError as exc:
+        logger.error("engine failed during start-up: %s", exc.dead.describe())
+        _write_dead(exc)
+        return 1
+    except EngineStartupError as exc:
+        from shoal.engine.termination import Cause, write_termination_message
+
+        logger.error("engine start-up failed: %s", exc)
+        write_termination_message(Cause.STARTUP_ERROR, str(exc), exit_code=1)
+        return 1
+    except KeyboardInterrupt as exc:
+        logger.info("interrupted during start-up (%s)", exc or "SIGINT")
+        return 1
+    r = llm.ready
+    logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, engine start-up %.1f s",
+                r.num_blocks, r.block_size, r.max_model_len, r.startup_seconds)
+    return asyncio.run(_serve(llm, args, names, started))
+
+
+def _write_dead(exc) -> None:
+    from shoal.engine.termination import Cause, write_termination_message
+
+    dead = exc.dead
+    text = f"{dead.describe()}\n{dead.traceback}".strip()
+    cause = Cause.OUT_OF_MEMORY if "out of memory" in text.lower() else Cause.ENGINE_ERROR
+    write_termination_message(cause, text, rank=dead.rank, exit_code=1)
+
+
+async def _serve(llm, args, names: list[str], started: float) -> int:
+    import uvicorn
+    from shoal.engine.entrypoints.api_server import build_app
+
+    app = build_app(llm, served_model_names=names, api_key=args.api_key)
+    loop = asyncio.get_running_loop()
+    state = {"rc": 0, "signalled": False}
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            if state["signalled"]:
+                logger.warning("second %s: exiting now", signal.Signals(sig).name)
+                self.force_exit = True
+                self.should_exit = True
+                llm.engine_core.engine.kill()
+                return
+            state["signalled"] = True
+            mode = "abort" if args.shutdown_timeout <= 0 else f"drain {args.shutdown_timeout:g} s"
+            logger.info("received %s: shutting down (%s); new requests get 503",
+                        signal.Signals(sig).name, mode)
+            llm.begin_shutdown()
+            proc = llm.engine_core.engine.proc
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            else:
+                self.should_exit = True
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                   access_log=False, timeout_graceful_shutdown=10,
+                                   timeout_keep_alive=5))
+
+    def on_dead(err) -> None:
+        state["rc"] = 1
+        logger.error("engine died: %s; exiting with code 1", err.dead.describe())
+        _write_dead(err)
+        linger = float(os.environ.get(DEAD_LINGER_ENV, DEFAULT_DEAD_LINGER_S))
+        loop.call_later(linger, lambda: setattr(server, "should_exit", True))
+
+    def on_stopped() -> None:
+        if not state["signalled"]:
+            state["rc"] = 1
+            logger.error("the engine stopped although this server did not ask it to; exiting")
+        server.should_exit = True
+
+    llm.on_engine_dead.append(on_dead)
+    llm.on_engine_stopped.append(on_stopped)
+    llm.start()
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
+        logger.info("ready: http://%s:%d/v1 serving %s (start-up %.1f s)", host, args.port,
+                    ", ".join(names), time.monotonic() - started)
+
+    announcer = loop.create_task(announce())
+    try:
+        await server.serve()
+    except SystemExit as exc:  # uvicorn exits this way when it cannot bind
+        state["rc"] = int(exc.code or 1)
+    finally:
+        announcer.cancel()
+    if not server.started and state["rc"] == 0:
+        state["rc"] = 1  # never served (bind failure)
+    rc_engine = await asyncio.to_thread(llm.shutdown, args.shutdown_timeout + 15)
+    logger.info("stopped (engine exit code %s); exit code %d", rc_engine, state["rc"])
+    return state["rc"]

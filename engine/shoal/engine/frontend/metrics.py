@@ -1,0 +1,102 @@
+"""Prometheus metrics with vLLM's names and labels, so vLLM dashboards, KEDA triggers and
+autoscalers work unchanged. Fed by the output handler: scheduler gauges from each step's
+SchedulerStats, per-request histograms when a request finishes.
+
+Labels: model_name (the served model name) and engine (the engine index, "0").
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from shoal.engine.wire import SchedulerStats
+
+# vLLM's buckets (seconds).
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class FrontendMetrics:
+    def __init__(self, model_name: str, engine: str = "0") -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.values = {"model_name": model_name, "engine": engine}
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(name, doc, labels, registry=r).labels(**self.values)
+
+        def counter(name, doc):
+            return Counter(name, doc, labels, registry=r).labels(**self.values)
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**self.values)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.")
+        self.engine_alive = gauge("shoal:engine_alive", "1 while the engine process is healthy.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix-cache queries, in tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        success = Counter("vllm:request_success", "Finished requests, by finish reason.",
+                          [*labels, "finished_reason"], registry=r)
+        self.success = {reason: success.labels(**self.values, finished_reason=reason)
+                        for reason in FINISH_REASONS}
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.",
+                         TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
+                        E2E_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds",
+                               "Time from arrival to the first scheduled step (frontend view: "
+                               "arrival to first output minus that step's duration).",
+                               E2E_BUCKETS)
+        self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per request.",
+                               [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
+        self.gen_len = hist("vllm:request_generation_tokens", "Generated tokens per request.",
+                            [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
+        self.engine_alive.set(1)
+        self._last_step_time: float | None = None
+
+    def record_step(self, stats: SchedulerStats | None, now: float) -> None:
+        if stats is None:
+            return
+        self.running.set(stats.num_running_reqs)
+        self.waiting.set(stats.num_waiting_reqs)
+        self.kv_usage.set(stats.kv_cache_usage)
+        if stats.num_preemptions:
+            self.preemptions.inc(stats.num_preemptions)
+        if stats.prefix_cache_queries:
+            self.prefix_queries.inc(stats.prefix_cache_queries)
+        if stats.prefix_cache_hits:
+            self.prefix_hits.inc(stats.prefix_cache_hits)
+        self._last_step_time = now
+
+    def record_finished(self, state, reason: str, now: float) -> None:
+        """One request finished (any reason): per-request counters and histograms."""
+        self.success.get(reason, self.success["error"]).inc()
+        self.prompt_tokens.inc(state.prompt_len)
+        self.generation_tokens.inc(state.num_output_tokens)
+        self.prompt_len.observe(state.prompt_len)
+        self.gen_len.observe(state.num_output_tokens)
+        self.e2e.observe(now - state.arrival)
+        if state.first_token_time is not None:
+            ttft = state.first_token_time - state.arrival
+            self.ttft.observe(ttft)
+            # Queue time: what TTFT spent before the prefill step started; the prefill itself is
+            # about one inter-token interval, which the frontend can measure.
+            step = min(state.itls) if state.itls else 0.0
+            self.queue_time.observe(max(0.0, ttft - step))
+        for itl in state.itls:
+            self.itl.observe(itl)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
