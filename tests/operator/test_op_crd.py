@@ -4,7 +4,6 @@ structural and documented field by field (so `kubectl explain ie.spec...` is use
 from __future__ import annotations
 
 import yaml
-
 from shoal.operator import crd
 
 

@@ -186,3 +186,19 @@ def test_cross_field_problems_say_what_to_fix(name, spec, problem):
 
 def test_a_valid_spec_has_no_problems():
     assert spec_problems("llm", engine().ranks(2, tp=8).obj()["spec"]) == []
+
+
+@pytest.mark.parametrize("nodes, rank", [(1, 0), (2, 0), (2, 1), (4, 3)])
+def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
+    """The operator's contract with the engine is the command line: `shoal serve`'s own parser
+    must accept what we render (multi-rank execution itself is the engine's business)."""
+    from shoal.engine.entrypoints import serve
+
+    body = engine().ranks(nodes).drain(30).set(engine={"extraArgs": ["--max-model-len", "512"]}).obj()
+    args = _container(render.engine_pod(body, 0, rank))["args"]
+    assert args[0] == "serve"
+    parsed = serve.build_parser().parse_args(args[1:])
+    assert (parsed.nnodes, parsed.node_rank, parsed.headless) == (nodes, rank, rank > 0)
+    assert parsed.shutdown_timeout == 30 and parsed.max_model_len == 512
+    if nodes == 1:
+        assert serve._check_parallelism(parsed) is None

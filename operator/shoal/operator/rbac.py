@@ -1,0 +1,34 @@
+"""Least privilege: exactly the API groups, resources and verbs the operator uses.
+
+The chart turns RULES into a ClusterRole (with --all-namespaces) or a Role per watched
+namespace. NAMESPACE_RULES is needed only when the operator watches namespaces by glob or all
+of them (kopf lists and watches namespaces to follow them). Each rule says who uses it.
+"""
+
+from __future__ import annotations
+
+RULES: list[dict] = [
+    # kopf watches the resources; kopf patches finalizers and its annotations (metadata only).
+    {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines"], "verbs": ["get", "list", "watch", "patch"]},
+    # reconcile.py writes status through the status subresource only.
+    {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/status"], "verbs": ["patch"]},
+    # Owner references with blockOwnerDeletion need update on the owner's finalizers.
+    {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/finalizers"], "verbs": ["update"]},
+    # Engine pods are owned directly: listed and watched, created, deleted (never updated).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    # Frontend Service, headless ranks Service, discovery ConfigMap: created, then patched on change.
+    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["get", "create", "patch"]},
+    # Engine deaths, restarts and drains as Events (ours and kopf's own error reports).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # The frontend Deployment.
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch"]},
+    # The engines' PodDisruptionBudget (policy/v1, or v1beta1 on 1.20: same group).
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
+    # kopf follows CRDs so that a CRD installed after the operator started is still served
+    # (cluster-scoped: needs a ClusterRole even for a namespaced operator).
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+]
+
+NAMESPACE_RULES: list[dict] = [
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+]

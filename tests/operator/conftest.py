@@ -1,0 +1,69 @@
+"""Fixtures for the operator's integration tests: the CRD installed once, a real `shoal-operator`
+process (kopf) watching the namespaces this module creates.
+
+Namespaces: `opt-*` are watched by the shared operator; `opr-*` by the operator that the
+restart test starts and stops itself; `opi-*` by nobody (in-process reconciler tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from op_support import OperatorProcess
+from shoal.operator import crd
+from shoal.operator import labels as L
+from shoal.operator.kube import Kube
+from support.wait import wait_for
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane) -> Kube:
+    return Kube(control_plane.api_client())
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kube) -> dict:
+    """Install (or update) the generated CRD and wait until the server serves it."""
+    manifest = yaml.safe_load(crd.render_yaml())
+    existing = kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions", None, crd.CRD_NAME)
+    url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    if existing is None:
+        kube.request("POST", url, body=manifest)
+    else:
+        manifest["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        kube.request("PUT", f"{url}/{crd.CRD_NAME}", body=manifest)
+
+    def established():
+        got = kube.request("GET", f"{url}/{crd.CRD_NAME}")
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (got.get("status") or {}).get("conditions") or [])
+
+    wait_for(established, timeout=30, what="the InferenceEngine CRD to be established")
+    wait_for(lambda: "inferenceengines" in kube.resources(L.API_VERSION), timeout=30,
+             what="discovery to serve inferenceengines")
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane, crd_installed, tmp_path_factory):
+    op = OperatorProcess(control_plane, "opt-*", tmp_path_factory.mktemp("operator") / "operator.log").start()
+    yield op
+    alive = op.proc.poll() is None
+    op.stop()
+    assert alive, f"the operator died during the tests:\n{op.tail()}"
+
+
+@pytest.fixture
+def ns(control_plane, operator, kube, request):
+    name = control_plane.new_namespace("opt")
+    yield name
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(operator.tail())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+

@@ -1,0 +1,286 @@
+"""The operator against a real API server: a real `shoal-operator` process (kopf), real
+controller-manager garbage collection, the test playing the kubelet through pod status.
+
+Every test gets its own namespace and polls with a deadline; none sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from op_builders import engine
+from op_kubelet import bind, finish_deletion, set_ready, terminate
+from op_support import api_error, condition, create_ie, events, ie, pods
+from shoal.engine.termination import Cause, encode
+from shoal.operator import labels as L
+from support.wait import wait_for
+
+pytestmark = pytest.mark.k8s
+
+
+def _ready_all(kube, ns, name, group=None):
+    for pod in pods(kube, ns, name, group).values():
+        if not pod["metadata"].get("deletionTimestamp"):
+            set_ready(kube, ns, pod["metadata"]["name"])
+
+
+def _status(kube, ns, name):
+    return (ie(kube, ns, name) or {}).get("status") or {}
+
+
+def _group(kube, ns, name, g):
+    return next((x for x in _status(kube, ns, name).get("groups") or [] if x["index"] == g), {})
+
+
+def _wait_pods(kube, ns, name, n, group=None, timeout=20):
+    return wait_for(lambda: (lambda p: p if len(p) == n else None)(pods(kube, ns, name, group)),
+                    timeout=timeout, interval=0.2, what=f"{n} engine pods of {name}")
+
+
+def test_create_renders_every_child_and_reports_ready_groups(kube, ns):
+    create_ie(kube, engine("llm", ns).groups(2).ranks(2).set(frontend={"replicas": 2}).manifest())
+    got = _wait_pods(kube, ns, "llm", 4)
+    owner = ie(kube, ns, "llm")["metadata"]["uid"]
+    for pod in got.values():
+        refs = pod["metadata"]["ownerReferences"]
+        assert refs[0]["uid"] == owner and refs[0]["controller"] is True
+    r1 = got["llm-g1-r1"]["spec"]["containers"][0]
+    assert "--headless" in r1["args"] and f"llm-g1-r0.llm-ranks.{ns}.svc" in r1["args"]
+    assert not any(k.endswith("Probe") for k in r1)
+    r0 = got["llm-g1-r0"]["spec"]["containers"][0]
+    assert r0["startupProbe"]["httpGet"]["path"] == "/health" and "--headless" not in r0["args"]
+    assert {"name": "SHOAL_RANK", "value": "1"} in r1["env"]
+
+    dep = wait_for(lambda: kube.get("apps/v1", "deployments", ns, "llm-frontend"), timeout=10)
+    assert dep["spec"]["replicas"] == 2 and dep["metadata"]["ownerReferences"][0]["uid"] == owner
+    assert kube.get("v1", "services", ns, "llm")["spec"]["ports"][0]["port"] == 8000
+    assert kube.get("v1", "services", ns, "llm-ranks")["spec"]["clusterIP"] == "None"
+    pdb_api = "policy/v1" if "poddisruptionbudgets" in kube.resources("policy/v1") else "policy/v1beta1"
+    assert kube.get(pdb_api, "poddisruptionbudgets", ns, "llm-engines") is not None
+
+    st = wait_for(lambda: (lambda s: s if s.get("ready") == "0/2" else None)(_status(kube, ns, "llm")), timeout=10)
+    assert st["phase"] == "Progressing" and st["endpoint"] == f"http://llm.{ns}.svc:8000/v1"
+    assert st["selector"] == f"{L.LABEL_ENGINE}=llm,{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
+
+    _ready_all(kube, ns, "llm", group=0)
+    wait_for(lambda: _status(kube, ns, "llm").get("ready") == "1/2", timeout=10, what="1/2 ready")
+    cm = kube.get("v1", "configmaps", ns, "llm-engines")
+    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0]
+    _ready_all(kube, ns, "llm", group=1)
+    st = wait_for(lambda: (lambda s: s if s.get("phase") == "Ready" else None)(_status(kube, ns, "llm")), timeout=10)
+    assert st["ready"] == "2/2" and condition({"status": st}, "Ready")["status"] == "True"
+    assert st["observedGeneration"] == ie(kube, ns, "llm")["metadata"]["generation"]
+    assert [r["pod"] for r in st["groups"][1]["ranks"]] == ["llm-g1-r0", "llm-g1-r1"]
+    cm = kube.get("v1", "configmaps", ns, "llm-engines")
+    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0, 1]
+
+    # Printer columns, as `kubectl get ie` shows them (server-side table).
+    table = _table(kube, ns)
+    cols = [c["name"] for c in table["columnDefinitions"]]
+    row = dict(zip(cols, table["rows"][0]["cells"], strict=True))
+    assert row["Ready"] == "2/2" and row["Phase"] == "Ready" and row["Model"] == "/models/tiny"
+    assert row["Endpoint"] == f"http://llm.{ns}.svc:8000/v1"
+
+
+def _table(kube, ns):
+    params = kube.api.param_serialize(
+        method="GET", resource_path=f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"])
+    return json.loads(kube.api.call_api(*params).read())
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"replicas": -1}, "spec.replicas"),
+        ({"nodesPerGroup": 0}, "spec.nodesPerGroup"),
+        ({"restartPolicy": {"policy": "Sometimes"}}, "spec.restartPolicy.policy"),
+        ({"shutdown": {"timeoutSeconds": -5}}, "spec.shutdown.timeoutSeconds"),
+        ({"model": ""}, "spec.model"),
+    ],
+)
+def test_the_api_server_rejects_out_of_bound_specs(kube, ns, patch, field):
+    err = api_error(lambda: create_ie(kube, engine("bad", ns).set(**patch).manifest()))
+    assert err.status == 422 and field in err.body
+
+
+def test_schema_defaults_are_applied_by_the_api_server(kube, ns):
+    body = create_ie(kube, {"apiVersion": L.API_VERSION, "kind": L.KIND,
+                            "metadata": {"name": "dflt", "namespace": ns}, "spec": {"model": "/m"}})
+    spec = body["spec"]
+    assert spec["replicas"] == 1 and spec["nodesPerGroup"] == 1 and spec["shutdown"] == {"timeoutSeconds": 30}
+    assert spec["restartPolicy"]["policy"] == "RecreateGroupOnFailure" and spec["frontend"]["replicas"] == 1
+
+
+def test_the_operator_refuses_an_inconsistent_spec_with_a_condition(kube, ns):
+    create_ie(kube, engine("tp", ns).ranks(2, tp=3).manifest())
+    cond = wait_for(lambda: condition(ie(kube, ns, "tp"), "SpecValid").get("status") == "False"
+                    and condition(ie(kube, ns, "tp"), "SpecValid"), timeout=15, what="SpecValid=False")
+    assert "tensorParallelSize (3) must be a multiple of spec.nodesPerGroup (2)" in cond["message"]
+    assert _status(kube, ns, "tp")["phase"] == "Failed" and pods(kube, ns, "tp") == {}
+    # Fixing the spec is all it takes.
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "tp", {"spec": {"tensorParallelSize": 4}})
+    _wait_pods(kube, ns, "tp", 2)
+
+
+def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube, ns):
+    create_ie(kube, engine("sc", ns).ranks(2).drain(60).manifest())
+    _wait_pods(kube, ns, "sc", 2)
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "sc", {"spec": {"replicas": 2}}, sub="scale")
+    got = _wait_pods(kube, ns, "sc", 4)
+    for name in got:
+        bind(kube, ns, name)  # bound pods are deleted gracefully, as on a real node
+    _ready_all(kube, ns, "sc")
+    wait_for(lambda: _status(kube, ns, "sc").get("ready") == "2/2", timeout=10, what="2/2 ready")
+    scale = kube.request("GET", f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}/sc/scale")
+    assert scale["status"]["replicas"] == 2 and "shoal.dev/engine=sc" in scale["status"]["selector"]
+
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "sc", {"spec": {"replicas": 1}}, sub="scale")
+    r0 = wait_for(lambda: pods(kube, ns, "sc", 1)["sc-g1-r0"]["metadata"].get("deletionTimestamp") and
+                  pods(kube, ns, "sc", 1)["sc-g1-r0"], timeout=10, what="rank 0 of group 1 to drain")
+    assert r0["metadata"]["deletionGracePeriodSeconds"] == 75  # 60 s drain + 15 s margin
+    # Group 1 left the discovery file before it began to drain.
+    cm = kube.get("v1", "configmaps", ns, "sc-engines")
+    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0]
+    wait_for(lambda: events(kube, ns, "DrainStarted"), timeout=10, what="a DrainStarted event")
+    # The headless rank stays up while rank 0 drains: it is needed for every forward pass.
+    assert not pods(kube, ns, "sc", 1)["sc-g1-r1"]["metadata"].get("deletionTimestamp")
+    assert _group(kube, ns, "sc", 1)["phase"] == "Draining"
+
+    finish_deletion(kube, ns, "sc-g1-r0")  # the kubelet: rank 0 exited after draining
+    wait_for(lambda: pods(kube, ns, "sc", 1).get("sc-g1-r1", {}).get("metadata", {}).get("deletionTimestamp"),
+             timeout=10, what="the headless rank to be stopped after rank 0")
+    assert events(kube, ns, "DrainFinished")
+    finish_deletion(kube, ns, "sc-g1-r1")
+    wait_for(lambda: len(_status(kube, ns, "sc").get("groups") or []) == 1, timeout=10, what="group 1 gone")
+    assert set(pods(kube, ns, "sc")) == {"sc-g0-r0", "sc-g0-r1"}
+
+
+def test_a_spec_update_rolls_one_group_at_a_time(kube, ns):
+    create_ie(kube, engine("ro", ns).groups(2).drain(0).manifest())
+    _wait_pods(kube, ns, "ro", 2)
+    _ready_all(kube, ns, "ro")
+    wait_for(lambda: _status(kube, ns, "ro").get("phase") == "Ready", timeout=10)
+    old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "ro").items()}
+
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "ro", {"spec": {"image": "shoal:v2"}})
+
+    def one_replaced():
+        now = pods(kube, ns, "ro")
+        new = [n for n, p in now.items() if p["metadata"]["uid"] != old.get(n)]
+        return new if len(new) == 1 else None
+
+    first = wait_for(one_replaced, timeout=15, what="the first group to be recreated")[0]
+    other = "ro-g1-r0" if first == "ro-g0-r0" else "ro-g0-r0"
+    assert pods(kube, ns, "ro")[first]["spec"]["containers"][0]["image"] == "shoal:v2"
+    # While the new group is not ready, the other group keeps serving the old revision.
+    wait_for(lambda: _status(kube, ns, "ro").get("updatedReplicas") == 1, timeout=10)
+    assert pods(kube, ns, "ro")[other]["metadata"]["uid"] == old[other]
+    assert _status(kube, ns, "ro")["readyReplicas"] == 1
+    set_ready(kube, ns, first)
+    wait_for(lambda: pods(kube, ns, "ro").get(other, {}).get("metadata", {}).get("uid") not in (None, old[other]),
+             timeout=15, what="the second group to be recreated after the first became ready")
+    assert pods(kube, ns, "ro")[other]["spec"]["containers"][0]["image"] == "shoal:v2"
+    set_ready(kube, ns, other)
+    wait_for(lambda: _status(kube, ns, "ro").get("phase") == "Ready"
+             and _status(kube, ns, "ro").get("updatedReplicas") == 2, timeout=10)
+
+
+def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(kube, ns):
+    create_ie(kube, engine("dr", ns).groups(2).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
+    _wait_pods(kube, ns, "dr", 4)
+    _ready_all(kube, ns, "dr")
+    wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
+    before = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "dr").items()}
+
+    msg = encode(Cause.COLLECTIVE_TIMEOUT, "Watchdog caught collective operation timeout after 300000 ms",
+                 rank=1, exit_code=1)
+    terminate(kube, ns, "dr-g1-r1", exit_code=1, message=msg)
+    lf = wait_for(lambda: _status(kube, ns, "dr").get("lastFailure"), timeout=10, what="lastFailure")
+    assert lf["group"] == 1 and lf["rank"] == 1 and lf["pod"] == "dr-g1-r1" and lf["exitCode"] == 1
+    assert lf["cause"] == "collective_timeout" and "Watchdog caught" in lf["message"] and not lf["permanent"]
+    died = wait_for(lambda: events(kube, ns, "EngineDied"), timeout=10)
+    assert "dr-g1-r1" in died[0]["message"] and "rank 1" in died[0]["message"]
+    assert "Watchdog caught" in died[0]["message"]
+    dead = condition(ie(kube, ns, "dr"), "EngineDead")
+    assert dead["status"] == "True" and dead["reason"] == "CollectiveTimeout"
+
+    # The whole group comes back (both ranks new pods); the healthy group is untouched.
+    def group1_recreated():
+        now = pods(kube, ns, "dr", 1)
+        return len(now) == 2 and all(p["metadata"]["uid"] != before[n] for n, p in now.items())
+
+    wait_for(group1_recreated, timeout=15, what="group 1 recreated with both ranks")
+    assert {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "dr", 0).items()} == {
+        n: u for n, u in before.items() if "-g0-" in n}
+    assert _status(kube, ns, "dr")["restartCount"] == 1
+
+    # A second death of the same group waits twice as long; an exit 0 nobody asked for counts.
+    terminate(kube, ns, "dr-g1-r0", exit_code=0)
+    g = wait_for(lambda: (lambda x: x if x.get("restarts") == 2 else None)(_group(kube, ns, "dr", 1)), timeout=10)
+    assert g["phase"] == "BackingOff" and "in 2s" in g["message"]
+    assert _status(kube, ns, "dr")["lastFailure"]["cause"] == "unexpected_exit"
+    wait_for(lambda: len(pods(kube, ns, "dr", 1)) == 2 and _group(kube, ns, "dr", 1).get("phase") == "Starting",
+             timeout=15, what="group 1 recreated again after its backoff")
+    _ready_all(kube, ns, "dr", group=1)
+    wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
+    assert condition(ie(kube, ns, "dr"), "EngineDead")["status"] == "False"
+
+
+def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, ns):
+    create_ie(kube, engine("pe", ns).ranks(2).restart(backoffBaseSeconds=1).manifest())
+    _wait_pods(kube, ns, "pe", 2)
+    _ready_all(kube, ns, "pe")
+    terminate(kube, ns, "pe-g0-r0", exit_code=2,
+              message=encode(Cause.MODEL_NOT_FOUND, "model path /models/tiny does not exist", rank=0))
+    dead = wait_for(lambda: condition(ie(kube, ns, "pe"), "EngineDead").get("reason") == "PermanentError"
+                    and condition(ie(kube, ns, "pe"), "EngineDead"), timeout=10, what="EngineDead PermanentError")
+    assert "/models/tiny does not exist" in dead["message"] and "not restarting" in dead["message"]
+    assert _status(kube, ns, "pe")["phase"] == "Failed" and _group(kube, ns, "pe", 0)["phase"] == "Failed"
+    wait_for(lambda: events(kube, ns, "RestartSkipped"), timeout=10)
+    # The live rank is stopped; the failed pod stays for its logs; nothing is recreated.
+    wait_for(lambda: set(pods(kube, ns, "pe")) == {"pe-g0-r0"}, timeout=10, what="only the failed pod left")
+    failed_uid = pods(kube, ns, "pe")["pe-g0-r0"]["metadata"]["uid"]
+    # Several resync passes (one a second) must not bring the group back.
+    _holds_for(lambda: list(pods(kube, ns, "pe")) == ["pe-g0-r0"]
+               and pods(kube, ns, "pe")["pe-g0-r0"]["metadata"]["uid"] == failed_uid, seconds=3,
+               what="no restart after a permanent error")
+
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "pe", {"spec": {"model": "/models/fixed"}})
+    wait_for(lambda: len(pods(kube, ns, "pe")) == 2 and all(
+        "/models/fixed" in p["spec"]["containers"][0]["args"] for p in pods(kube, ns, "pe").values()),
+        timeout=15, what="the group recreated with the fixed model")
+
+
+def _holds_for(pred, seconds: float, what: str) -> None:
+    """A negative check: `pred` stays true for the whole window, checked every 0.2 s."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert pred(), f"{what}: violated after {seconds - (deadline - time.monotonic()):.1f}s"
+        time.sleep(0.2)
+
+
+def test_delete_drains_then_everything_is_garbage_collected(kube, ns):
+    create_ie(kube, engine("gc", ns).ranks(2).drain(5).manifest())
+    got = _wait_pods(kube, ns, "gc", 2)
+    for name in got:
+        bind(kube, ns, name)
+    _ready_all(kube, ns, "gc")
+    wait_for(lambda: kube.get("apps/v1", "deployments", ns, "gc-frontend"), timeout=10)
+    kube.delete(L.API_VERSION, L.PLURAL, ns, "gc")
+    wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r0", {}).get("metadata", {}).get("deletionTimestamp"),
+             timeout=10, what="rank 0 draining")
+    assert not pods(kube, ns, "gc")["gc-g0-r1"]["metadata"].get("deletionTimestamp")
+    assert "shoal.dev/finalizer" in ie(kube, ns, "gc")["metadata"]["finalizers"]
+    assert _status(kube, ns, "gc")["phase"] == "Terminating"
+    finish_deletion(kube, ns, "gc-g0-r0")
+    wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r1", {}).get("metadata", {}).get("deletionTimestamp"),
+             timeout=10, what="the headless rank stopped after rank 0")
+    finish_deletion(kube, ns, "gc-g0-r1")
+    wait_for(lambda: ie(kube, ns, "gc") is None, timeout=15, what="the finalizer to be removed")
+    for api, plural, name in [("apps/v1", "deployments", "gc-frontend"), ("v1", "services", "gc"),
+                              ("v1", "services", "gc-ranks"), ("v1", "configmaps", "gc-engines")]:
+        wait_for(lambda a=api, p=plural, n=name: kube.get(a, p, ns, n) is None, timeout=60,
+                 what=f"{plural}/{name} collected")

@@ -1,0 +1,105 @@
+"""Reconciler passes run in-process against the real API server (no operator watching `opi-*`),
+counting every write; and a real operator killed mid-way and started again."""
+
+from __future__ import annotations
+
+import pytest
+from op_builders import engine
+from op_kubelet import set_ready, terminate
+from op_support import OperatorProcess, create_ie, ie, pods
+from shoal.engine.termination import Cause, encode
+from shoal.operator import labels as L
+from shoal.operator.kube import Kube
+from shoal.operator.reconcile import Reconciler
+from support.wait import wait_for
+
+pytestmark = pytest.mark.k8s
+
+
+def _fresh(control_plane) -> Reconciler:
+    """A new reconciler with a cold cache: what a restarted operator starts with."""
+    return Reconciler(Kube(control_plane.api_client()))
+
+
+def _writes(r: Reconciler) -> dict:
+    return {f"{v} {p}": n for (v, p), n in r.kube.writes.items()}
+
+
+def test_a_second_pass_writes_nothing(control_plane, crd_installed, kube):
+    ns = control_plane.new_namespace("opi")
+    body = create_ie(kube, engine("idem", ns).groups(2).ranks(2).manifest())
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    assert _writes(r) == {"create deployments": 1, "create services": 2, "create configmaps": 1,
+                          "create poddisruptionbudgets": 1, "create pods": 4,
+                          "patch/status inferenceengines": 1}
+    r.kube.writes.clear()
+    r.reconcile(body)
+    assert _writes(r) == {}, "a second pass must change nothing"
+    cold = _fresh(control_plane)
+    cold.reconcile(body)
+    assert _writes(cold) == {}, "a restarted operator must change nothing either"
+
+    for name in pods(kube, ns, "idem"):
+        set_ready(kube, ns, name)
+    r.kube.writes.clear()
+    r.reconcile(body)
+    assert _writes(r) == {"patch configmaps": 1, "patch/status inferenceengines": 1}
+    r.kube.writes.clear()
+    r.reconcile(body)
+    assert _writes(r) == {}
+
+
+def test_a_recorded_death_is_acted_on_once(control_plane, crd_installed, kube):
+    ns = control_plane.new_namespace("opi")
+    body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600).manifest())
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    terminate(kube, ns, "once-g0-r1", exit_code=137, reason="OOMKilled")
+    r.reconcile(body)
+    st = ie(kube, ns, "once")["status"]
+    assert st["restartCount"] == 1 and st["lastFailure"]["cause"] == "oom_killed"
+    assert st["lastFailure"]["signal"] == 9 and st["groups"][0]["phase"] == "BackingOff"
+    wait_for(lambda: pods(kube, ns, "once") == {}, timeout=10, what="the dead group torn down")
+    r.kube.writes.clear()
+    _fresh(control_plane).reconcile(body)
+    r.reconcile(body)
+    assert _writes(r) == {} and ie(kube, ns, "once")["status"]["restartCount"] == 1
+
+
+def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd_installed, kube, tmp_path):
+    log = tmp_path / "operator.log"
+    op = OperatorProcess(control_plane, "opr-*", log).start()
+    try:
+        ns = control_plane.new_namespace("opr")
+        create_ie(kube, engine("rs", ns).groups(3).ranks(2).restart(backoffBaseSeconds=3).manifest())
+        wait_for(lambda: len(pods(kube, ns, "rs")) == 6, timeout=20, what="6 pods")
+        for name in pods(kube, ns, "rs"):
+            set_ready(kube, ns, name)
+        wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("ready") == "3/3", timeout=10)
+        terminate(kube, ns, "rs-g2-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+        wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("restartCount") == 1, timeout=10)
+        op.stop(kill=True)  # SIGKILL mid-backoff: no chance to clean up
+
+        uids = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "rs").items()}
+        kube.delete("v1", "pods", ns, "rs-g1-r1")  # someone deletes a rank while nobody watches
+        op = OperatorProcess(control_plane, "opr-*", log).start()
+
+        def healed():
+            now = pods(kube, ns, "rs")
+            return len(now) == 6 and now
+        wait_for(healed, timeout=30, what="all 6 ranks back")
+        for name in pods(kube, ns, "rs"):
+            set_ready(kube, ns, name)
+        st = wait_for(lambda: (lambda s: s if s.get("ready") == "3/3" else None)(ie(kube, ns, "rs").get("status") or {}),
+                      timeout=15, what="3/3 ready again")
+        assert st["restartCount"] == 2  # the death before the kill + the vanished rank after it
+        now = pods(kube, ns, "rs")
+        assert sorted(now) == sorted(f"rs-g{g}-r{r}" for g in range(3) for r in range(2))
+        assert now["rs-g0-r0"]["metadata"]["uid"] == uids["rs-g0-r0"], "a healthy group was recreated"
+        sel = f"{L.LABEL_ENGINE}=rs"
+        assert len(kube.list("apps/v1", "deployments", ns, sel)) == 1
+        assert len(kube.list("v1", "services", ns, sel)) == 2
+        assert len(kube.list("v1", "configmaps", ns, sel)) == 1
+    finally:
+        op.stop()
