@@ -52,7 +52,7 @@ def test_a_second_pass_writes_nothing(control_plane, crd_installed, kube):
 
 def test_a_recorded_death_is_acted_on_once(control_plane, crd_installed, kube):
     ns = control_plane.new_namespace("opi")
-    body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600).manifest())
+    body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600, backoffMaxSeconds=600).manifest())
     r = _fresh(control_plane)
     r.reconcile(body)
     terminate(kube, ns, "once-g0-r1", exit_code=137, reason="OOMKilled")

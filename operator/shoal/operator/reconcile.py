@@ -140,7 +140,8 @@ class Reconciler:
             else:
                 new = self._group(st, g, mem, gpods, replicas)
             if new is not None:
-                new["ranks"] = _ranks(by_group.get(g, {}) if new.get("phase") != "BackingOff" else {})
+                seen = {**by_group.get(g, {}), **st.created.get(g, {})}
+                new["ranks"] = _ranks(seen if new.get("phase") != "BackingOff" else {})
                 groups.append(new)
 
         # Rolling update: at most one group stops for an update at a time, and only when every
@@ -172,6 +173,7 @@ class Reconciler:
         }
         if st.last_failure:
             status["lastFailure"] = st.last_failure
+        status = _no_empty_strings(status)
         if _differs(old_status, status):
             patch = dict(status)
             if old_status.get("lastFailure") and st.last_failure:  # merge-patch: clear stale keys
@@ -313,8 +315,9 @@ class Reconciler:
     def _create(self, st: _PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
         existing = existing or {}
         for pod in render.group_pods(st.body, g):
-            if int(pod["metadata"]["labels"][L.LABEL_RANK]) not in existing:
-                self.kube.create(pod)
+            rank = int(pod["metadata"]["labels"][L.LABEL_RANK])
+            if rank not in existing:
+                st.created.setdefault(g, {})[rank] = self.kube.create(pod) or pod
         nodes = int(render.spec_of(st.body).get("nodesPerGroup", 1))
         mem.update(phase="Starting", revision=st.rev, message=f"0/{nodes} ranks ready")
         for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
@@ -404,6 +407,7 @@ class _PassState:
     last_failure: dict | None
     restart_count: int
     requeue_after: float | None = None
+    created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.5)
@@ -438,6 +442,16 @@ def _vanished(st: _PassState, g: int, mem: dict, pods: dict[int, dict], nodes: i
 
 def _ref(body: dict) -> str:
     return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+
+
+def _no_empty_strings(obj):
+    """Drop "" values: the 1.20 test server decodes them in custom resources as null and then
+    rejects them as not strings; an absent optional field says the same."""
+    if isinstance(obj, dict):
+        return {k: _no_empty_strings(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [_no_empty_strings(v) for v in obj]
+    return obj
 
 
 def _differs(old: dict, new: dict) -> bool:

@@ -1,0 +1,229 @@
+"""How the operator copes with many InferenceEngines on a real API server.
+
+    python benchmarks/operator_scale.py                      # 200 engines, 1 group x 2 ranks
+    python benchmarks/operator_scale.py --engines 50 --groups 2 --ranks 2
+    python benchmarks/operator_scale.py --kubeconfig PATH    # an already running control plane
+
+Starts the project's test control plane (scripts/k8s-control-plane, built once into the cache)
+unless --kubeconfig is given, installs the CRD, runs `python -m shoal.operator` as a child
+process, creates the engines and reports:
+- time until every child object exists (pods, Deployments, Services, ConfigMaps, PDBs);
+- time until every engine reports phase Ready once the script, playing the kubelet, has marked
+  every pod running and ready;
+- the operator's API writes per resource (counted by the operator itself), CPU seconds and
+  peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "operator"))
+
+from op_kubelet import set_ready  # noqa: E402
+from shoal.operator import crd  # noqa: E402
+from shoal.operator import labels as L  # noqa: E402
+from shoal.operator.kube import Kube  # noqa: E402
+
+
+def _control_plane_module():
+    spec = importlib.util.spec_from_file_location("shoal_k8s_cp", REPO / "scripts/k8s-control-plane/control_plane.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["shoal_k8s_cp"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _install_crd(kube: Kube) -> None:
+    url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    manifest = yaml.safe_load(crd.render_yaml())
+    have = kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions", None, crd.CRD_NAME)
+    if have:
+        manifest["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
+        kube.request("PUT", f"{url}/{crd.CRD_NAME}", body=manifest)
+    else:
+        kube.request("POST", url, body=manifest)
+    _until(lambda: "inferenceengines" in kube.resources(L.API_VERSION), 60, "the CRD to be served")
+
+
+def _until(pred, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Sampler(threading.Thread):
+    """Samples the operator's RSS every 0.5 s; CPU comes from its cpu_times at the end."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.proc = psutil.Process(pid)
+        self.peak_rss = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.wait(0.5):
+            try:
+                self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def cpu_seconds(self) -> float:
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _live(port: int) -> bool:
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).status == 200
+    except OSError:
+        return False
+
+
+def _engine(ns: str, i: int, groups: int, ranks: int) -> dict:
+    return {"apiVersion": L.API_VERSION, "kind": L.KIND, "metadata": {"name": f"e{i:04d}", "namespace": ns},
+            "spec": {"model": "/models/tiny", "replicas": groups, "nodesPerGroup": ranks,
+                     "tensorParallelSize": ranks}}
+
+
+def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers: int) -> dict:
+    from kubernetes import config
+
+    kube = Kube(config.new_client_from_config(config_file=kubeconfig))
+    _install_crd(kube)
+    ns = f"bench-{os.getpid()}"
+    kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    stats = Path(tempfile.mkdtemp()) / "operator-stats.json"
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "SHOAL_RESYNC_SECONDS": str(resync),
+           "SHOAL_OPERATOR_STATS_FILE": str(stats)}
+    log = open(Path(stats.parent) / "operator.log", "w")
+    port = _free_port()
+    op = subprocess.Popen([sys.executable, "-m", "shoal.operator", "--namespace", ns, "--log-level", "warning",
+                           "--liveness", f"http://127.0.0.1:{port}/healthz"],
+                          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    sampler = Sampler(op.pid)
+    sampler.start()
+    try:
+        _until(lambda: _live(port), 60, "the operator's liveness endpoint")  # start-up is not measured
+        cpu0 = sampler.cpu_seconds()
+        t0 = time.monotonic()
+        url = f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}"
+        with cf.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda i: kube.request("POST", url, body=_engine(ns, i, groups, ranks)), range(n)))
+        t_created = time.monotonic() - t0
+        want_pods = n * groups * ranks
+
+        def children_done():
+            return (len(kube.list("v1", "pods", ns)) == want_pods
+                    and len(kube.list("apps/v1", "deployments", ns)) == n
+                    and len(kube.list("v1", "configmaps", ns, f"{L.LABEL_ENGINE}")) == n
+                    and len(kube.list("v1", "services", ns)) == 2 * n)
+
+        _until(children_done, 600, "every child object", interval=0.5)
+        t_children = time.monotonic() - t0
+
+        t1 = time.monotonic()
+        names = [p["metadata"]["name"] for p in kube.list("v1", "pods", ns)]
+        with cf.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda name: set_ready(kube, ns, name), names))
+        t_kubelet = time.monotonic() - t1
+
+        def all_ready():
+            items = kube.request("GET", url)["items"]
+            return sum(1 for i in items if (i.get("status") or {}).get("phase") == "Ready") == n
+
+        _until(all_ready, 600, "every engine Ready", interval=0.5)
+        t_ready = time.monotonic() - t1
+        cpu = sampler.cpu_seconds() - cpu0
+        sampler.stop.set()
+    finally:
+        op.terminate()
+        try:
+            op.wait(30)
+        except subprocess.TimeoutExpired:
+            op.kill()
+        log.close()
+    writes = json.loads(stats.read_text())["writes"] if stats.exists() else {}
+    kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+    return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
+            "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
+            "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes}
+
+
+def table(r: dict) -> str:
+    rows = [
+        ("engines x groups x ranks", f"{r['engines']} x {r['groups']} x {r['ranks']} ({r['pods']} pods)"),
+        ("resync interval", f"{r['resync']:g} s"),
+        ("POST of all engines (client)", f"{r['create_s']:.1f} s"),
+        ("all children created", f"{r['children_s']:.1f} s after the first POST"),
+        ("kubelet: all pods marked ready", f"{r['kubelet_s']:.1f} s"),
+        ("all engines Ready", f"{r['ready_s']:.1f} s after the first pod status patch"),
+        ("operator CPU", f"{r['cpu_s']:.1f} s"),
+        ("operator peak RSS", f"{r['peak_rss_mib']:.0f} MiB"),
+    ]
+    total = sum(r["writes"].values())
+    rows += [(f"writes: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(r["writes"].items())]
+    rows.append(("writes: total", f"{total} ({total / r['engines']:.1f}/engine)"))
+    w = max(len(a) for a, _ in rows)
+    return "\n".join([f"| {'metric':<{w}} | value |", f"|{'-' * (w + 2)}|-------|"]
+                     + [f"| {a:<{w}} | {b} |" for a, b in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", type=int, default=200)
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--resync", type=float, default=10.0, help="operator timer interval (SHOAL_RESYNC_SECONDS)")
+    ap.add_argument("--workers", type=int, default=8, help="client threads for creates and status patches")
+    ap.add_argument("--kubeconfig", help="use this running control plane instead of starting one")
+    ap.add_argument("--json", action="store_true", help="print the raw result as JSON too")
+    args = ap.parse_args(argv)
+    if args.kubeconfig:
+        result = run(args.kubeconfig, args.engines, args.groups, args.ranks, args.resync, args.workers)
+    else:
+        cpmod = _control_plane_module()
+        with tempfile.TemporaryDirectory(prefix="shoal-bench-") as root:
+            cp = cpmod.ControlPlane(Path(root))
+            cp.start(timeout=180)
+            try:
+                result = run(str(cp.kubeconfig), args.engines, args.groups, args.ranks, args.resync, args.workers)
+            finally:
+                cp.stop()
+    print(table(result))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
