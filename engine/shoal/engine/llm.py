@@ -39,6 +39,9 @@ class LLM:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         self.client = InprocClient(self.config)
         self._ids = itertools.count()
+        # Totals over every step this LLM ran (from SchedulerStats), for tests and benchmarks.
+        self.stats = {"steps": 0, "num_preemptions": 0, "prefix_cache_queries": 0,
+                      "prefix_cache_hits": 0}
 
     @property
     def engine_core(self):
@@ -79,7 +82,9 @@ class LLM:
                 self.client.add_request(req)
                 added.append(req.request_id)
             while any(not o.finished for o in results.values()):
-                self._collect(self.client.get_output(), results)
+                outputs = self.client.get_output()
+                self._collect(outputs, results)
+                self._count(outputs.scheduler_stats)
         except BaseException:
             self.client.abort_requests(added)
             raise
@@ -96,6 +101,14 @@ class LLM:
         if len(req.prompt_token_ids) >= core.max_model_len:
             raise ValueError(f"a prompt has {len(req.prompt_token_ids)} tokens but the context "
                              f"length (max_model_len) is {core.max_model_len}; shorten it.")
+
+    def _count(self, stats: wire.SchedulerStats | None) -> None:
+        if stats is None:
+            return
+        self.stats["steps"] += 1
+        self.stats["num_preemptions"] += stats.num_preemptions
+        self.stats["prefix_cache_queries"] += stats.prefix_cache_queries
+        self.stats["prefix_cache_hits"] += stats.prefix_cache_hits
 
     @staticmethod
     def _collect(outputs: wire.EngineCoreOutputs, results: dict[str, RequestOutput]) -> None:

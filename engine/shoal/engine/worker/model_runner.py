@@ -40,6 +40,7 @@ class ModelRunner:
         self.model = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.states: dict[str, CachedRequestState] = {}
+        self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
 
     # -- set-up --------------------------------------------------------------------------
@@ -119,7 +120,9 @@ class ModelRunner:
             decode_idx = token_offsets[rows]
             decode_table = table[rows, :num_blocks]
             keys = torch.arange(num_blocks * bs, device=dev)
-            decode_mask = (keys.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+            visible = keys.unsqueeze(0) < ctx.unsqueeze(1)
+            # Additive float masks: the CPU SDPA kernels are several times faster than with bool.
+            decode_mask = self._additive(visible)[:, None, None, :]
         prefills = []
         offset = 0
         for i, n in enumerate(lens):
@@ -131,12 +134,28 @@ class ModelRunner:
                     ctx_len = start + n
                     ids = table[i, : -(-ctx_len // bs)]
                     q_pos = start + torch.arange(n, device=dev)
-                    mask = torch.arange(ctx_len, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1)
+                    mask = self._additive(
+                        torch.arange(ctx_len, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1))
                     prefills.append(PrefillChunk(offset, offset + n, ids, ctx_len, mask))
             offset += n
         meta = PagedAttentionMetadata(slots, decode_idx, decode_table, decode_mask, all_decode,
                                       prefills, self.kv_caches)
+        if decode_table is not None:
+            meta.gather_buffers = self._gather_buffers(decode_table.numel())
         return meta, positions
+
+    def _gather_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Persistent K/V gather destinations, grown (by 1.5x) when a step needs more rows."""
+        if self._gather_bufs is None or self._gather_bufs[0].shape[0] < rows:
+            width = self.block_size * self.num_kv_heads * self.head_dim
+            n = max(rows, int(1.5 * (self._gather_bufs[0].shape[0] if self._gather_bufs else 0)))
+            self._gather_bufs = tuple(torch.empty(n, width, dtype=self.dtype, device=self.device)
+                                      for _ in range(2))
+        return self._gather_bufs
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, float("-inf"))
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
