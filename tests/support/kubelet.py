@@ -1,0 +1,276 @@
+"""Play the kubelet: write pod status the way a kubelet would, through the pods/status subresource.
+
+Why: the test control plane has no kubelet, scheduler or container runtime, so pods stay Pending
+with an empty status. Tests that need "the container is running and ready" or "the container
+died with exit code 1 and this termination message" write that status here; the operator and the
+StatefulSet controller then see exactly what they would see on a real node.
+
+Pods are never bound to a node, so deleting one removes it at once (the API server skips graceful
+deletion for unscheduled pods), which is what tests of restarts want.
+
+All functions take a `kubernetes.client.CoreV1Api` and return the updated V1Pod.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+FAKE_NODE_IP = "10.244.0.1"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_ip(pod: client.V1Pod) -> str:
+    # Stable per pod name, unique enough for a test namespace.
+    h = sum(pod.metadata.name.encode()) + 7 * len(pod.metadata.name)
+    return f"10.244.{1 + h // 250 % 250}.{1 + h % 250}"
+
+
+def _condition(kind: str, status: bool, reason: str | None = None) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": kind,
+        "status": "True" if status else "False",
+        "lastProbeTime": None,
+        "lastTransitionTime": _now(),
+    }
+    if reason:
+        cond["reason"] = reason
+    return cond
+
+
+def _container_names(pod: client.V1Pod, container: str | None) -> list[str]:
+    names = [c.name for c in pod.spec.containers]
+    if container is not None and container not in names:
+        raise ValueError(f"pod {pod.metadata.name} has no container {container!r} (has {names})")
+    return names
+
+
+def _existing_statuses(core: client.CoreV1Api, pod: client.V1Pod) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for cs in (pod.status.container_statuses or []) if pod.status else []:
+        out[cs.name] = core.api_client.sanitize_for_serialization(cs)
+    return out
+
+
+def _base_status(pod: client.V1Pod, name: str, old: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    spec = next(c for c in pod.spec.containers if c.name == name)
+    prev = old.get(name, {})
+    return {
+        "name": name,
+        "image": spec.image,
+        "imageID": f"docker-pullable://{spec.image}@sha256:{'0' * 64}",
+        "containerID": prev.get("containerID") or f"containerd://{name}-{pod.metadata.uid[:12]}",
+        "restartCount": prev.get("restartCount", 0),
+        "ready": False,
+        "started": False,
+        "state": {"waiting": {"reason": "ContainerCreating"}},
+    }
+
+
+def _patch(core: client.CoreV1Api, pod: client.V1Pod, status: dict[str, Any]) -> client.V1Pod:
+    status.setdefault("hostIP", FAKE_NODE_IP)
+    status.setdefault(
+        "startTime",
+        (
+            pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+            if pod.status and pod.status.start_time
+            else _now()
+        ),
+    )
+    # A merge patch replaces the lists (conditions, containerStatuses) wholesale, as a kubelet's
+    # status update does; resourceVersion makes a concurrent writer fail loudly (409).
+    body = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "status": status}
+    return core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        pod.metadata.namespace,
+        body,
+        _content_type="application/merge-patch+json",
+    )
+
+
+def _retry_conflicts(fn):
+    """Re-read and re-apply on 409: a controller may update the pod between read and patch."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for attempt in range(10):
+            try:
+                return fn(*args, **kwargs)
+            except ApiException as exc:
+                if exc.status != 409 or attempt == 9:
+                    raise
+
+    return wrapper
+
+
+def _read(core: client.CoreV1Api, name: str, namespace: str) -> client.V1Pod:
+    return core.read_namespaced_pod(name, namespace)
+
+
+@_retry_conflicts
+def set_running(
+    core: client.CoreV1Api,
+    name: str,
+    namespace: str,
+    ready: bool = True,
+    containers: list[str] | None = None,
+) -> client.V1Pod:
+    """All (or the named) containers running; pod Running, Ready iff `ready` and all running."""
+    pod = _read(core, name, namespace)
+    names = _container_names(pod, None)
+    which = set(containers or names)
+    old = _existing_statuses(core, pod)
+    statuses = []
+    for n in names:
+        st = _base_status(pod, n, old)
+        if n in which:
+            st.update(ready=ready, started=True, state={"running": {"startedAt": _now()}})
+        elif n in old:
+            st = old[n]
+        if n in old and "lastState" in old[n] and old[n]["lastState"]:
+            st["lastState"] = old[n]["lastState"]
+        statuses.append(st)
+    all_ready = all(s.get("ready") for s in statuses)
+    status = {
+        "phase": "Running",
+        "podIP": _pod_ip(pod),
+        "podIPs": [{"ip": _pod_ip(pod)}],
+        "conditions": [
+            _condition("Initialized", True),
+            _condition("Ready", all_ready, None if all_ready else "ContainersNotReady"),
+            _condition("ContainersReady", all_ready, None if all_ready else "ContainersNotReady"),
+            _condition("PodScheduled", True),
+        ],
+        "containerStatuses": statuses,
+    }
+    return _patch(core, pod, status)
+
+
+def set_ready(core: client.CoreV1Api, name: str, namespace: str) -> client.V1Pod:
+    """Shorthand: every container running and ready."""
+    return set_running(core, name, namespace, ready=True)
+
+
+@_retry_conflicts
+def set_terminated(
+    core: client.CoreV1Api,
+    name: str,
+    namespace: str,
+    exit_code: int = 1,
+    container: str | None = None,
+    message: str = "",
+    reason: str | None = None,
+    signal: int | None = None,
+    restarted: bool = False,
+) -> client.V1Pod:
+    """One container (default: the first) terminated with `exit_code`, `signal`, `message`.
+
+    restarted=False: the container's current state is `terminated`; with restartPolicy Never the
+    pod phase becomes Failed (exit code != 0) or Succeeded once all containers are terminated.
+    restarted=True: what a kubelet shows after restarting a crashed container (restartPolicy
+    Always, as in a StatefulSet): `lastState.terminated` holds the death, `state.waiting` is
+    CrashLoopBackOff, restartCount goes up by one, and the pod is Running but not Ready.
+    `reason` defaults to "Error" (or "Completed" for exit code 0, "OOMKilled" for 137 if given).
+    """
+    pod = _read(core, name, namespace)
+    names = _container_names(pod, container)
+    target = container or names[0]
+    old = _existing_statuses(core, pod)
+    started = (old.get(target, {}).get("state") or {}).get("running", {}).get("startedAt") or _now()
+    terminated: dict[str, Any] = {
+        "exitCode": exit_code,
+        "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+        "startedAt": started,
+        "finishedAt": _now(),
+        "containerID": old.get(target, {}).get("containerID")
+        or f"containerd://{target}-{pod.metadata.uid[:12]}",
+    }
+    if message:
+        terminated["message"] = message
+    if signal is not None:
+        terminated["signal"] = signal
+
+    statuses = []
+    for n in names:
+        st = old.get(n) or _base_status(pod, n, old)
+        if n == target:
+            st = _base_status(pod, n, old)
+            if restarted:
+                st["restartCount"] = st["restartCount"] + 1
+                st["lastState"] = {"terminated": terminated}
+                st["state"] = {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off restarting failed container {n} in pod {name}",
+                    }
+                }
+            else:
+                st["state"] = {"terminated": terminated}
+                if old.get(n, {}).get("lastState"):
+                    st["lastState"] = old[n]["lastState"]
+            st["ready"] = False
+            st["started"] = False
+        statuses.append(st)
+
+    all_terminated = all("terminated" in (s.get("state") or {}) for s in statuses)
+    restart_policy = pod.spec.restart_policy or "Always"
+    if all_terminated and restart_policy == "Never" and not restarted:
+        failed = any(s["state"]["terminated"]["exitCode"] != 0 for s in statuses)
+        phase = "Failed" if failed else "Succeeded"
+    else:
+        phase = "Running"
+    status = {
+        "phase": phase,
+        "podIP": _pod_ip(pod),
+        "podIPs": [{"ip": _pod_ip(pod)}],
+        "conditions": [
+            _condition("Initialized", True),
+            _condition("Ready", False, "ContainersNotReady"),
+            _condition("ContainersReady", False, "ContainersNotReady"),
+            _condition("PodScheduled", True),
+        ],
+        "containerStatuses": statuses,
+    }
+    return _patch(core, pod, status)
+
+
+@_retry_conflicts
+def set_waiting(
+    core: client.CoreV1Api,
+    name: str,
+    namespace: str,
+    reason: str = "ImagePullBackOff",
+    message: str = "",
+    container: str | None = None,
+) -> client.V1Pod:
+    """A container stuck before running (image pull, config error); pod stays Pending."""
+    pod = _read(core, name, namespace)
+    names = _container_names(pod, container)
+    target = container or names[0]
+    old = _existing_statuses(core, pod)
+    statuses = []
+    for n in names:
+        st = _base_status(pod, n, old)
+        if n == target:
+            st["state"] = {
+                "waiting": {"reason": reason, **({"message": message} if message else {})}
+            }
+        statuses.append(st)
+    status = {
+        "phase": "Pending",
+        "conditions": [
+            _condition("Initialized", True),
+            _condition("Ready", False, "ContainersNotReady"),
+            _condition("ContainersReady", False, "ContainersNotReady"),
+            _condition("PodScheduled", True),
+        ],
+        "containerStatuses": statuses,
+    }
+    return _patch(core, pod, status)
