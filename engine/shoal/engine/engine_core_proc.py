@@ -175,6 +175,7 @@ class EngineCoreProc:
         """Returns the shutdown mode once a requested shutdown has finished its work."""
         core = self.engine_core
         deadline = None
+        busy = False
         while True:
             if self.shutdown_requested and deadline is None:
                 if self.spec.shutdown_timeout <= 0:
@@ -187,13 +188,21 @@ class EngineCoreProc:
                                          or time.monotonic() >= deadline):
                 self._drain_input()
                 return "drain"
-            self._drain_input(block=not core.has_unfinished_requests())
+            self._drain_input(block=not core.has_unfinished_requests() and not busy)
             if core.has_unfinished_requests():
                 outputs = core.step()
                 aborted = self._apply_aborts()
                 self._send_outputs(outputs, aborted)
-            elif self.pending_rejections:
-                self._send_outputs(EngineCoreOutputs(), set())
+                busy = True
+            elif busy or self.pending_rejections:
+                # Going idle: publish fresh gauges (running 0, KV usage after frees), or they
+                # would show the last busy step until the next request.
+                self._send_outputs(EngineCoreOutputs(scheduler_stats=self._stats()), set())
+                busy = False
+
+    def _stats(self) -> wire.SchedulerStats | None:
+        scheduler = getattr(self.engine_core, "scheduler", None)
+        return scheduler.make_stats() if scheduler is not None else None
 
     def _drain_input(self, block: bool = False) -> None:
         """Handle everything queued; if `block`, wait (briefly, to notice signals) for one."""
@@ -288,7 +297,7 @@ class EngineCoreProc:
                 raise RuntimeError(str(call.args[0]) if call.args else "injected fault")
             else:
                 result = self.engine_core.call_utility(call.method, call.args)
-            out.result = msgspec.Raw(msgspec.msgpack.encode(result))
+            out.result = msgspec.msgpack.encode(result)
         except RuntimeError as exc:
             if call.method == "fail_for_test":
                 raise
@@ -339,7 +348,7 @@ class EngineCoreProc:
         self.output_queue.put(("dead", dead))
         self.output_queue.put(None)
         self.output_thread.join(timeout=5)
-        _write_termination(dead, exc)
+        write_dead_termination(dead)
         return 1
 
     def _watch_parent(self) -> None:
@@ -422,22 +431,31 @@ class EngineCoreProc:
                 sock.send_multipart([wire.ENGINE_CORE_STOPPED, msgspec.msgpack.encode(obj)])
 
 
-def _write_termination(dead: wire.EngineDead, exc: BaseException) -> None:
+def termination_cause(dead: wire.EngineDead):
+    """The termination-message cause for a death (shared by the engine and the frontend, which
+    both write the message: the frontend's copy wins in a pod, and they must agree)."""
+    from shoal.engine.termination import Cause
+
+    text = dead.message.lower()
+    if dead.exc_type in ("MemoryError", "OutOfMemoryError") or "out of memory" in text:
+        return Cause.OUT_OF_MEMORY
+    if dead.exc_type == "FileNotFoundError" or "does not exist" in text:
+        return Cause.MODEL_NOT_FOUND
+    if dead.exc_type == "ValueError":  # EngineConfig / EngineCore refuse bad settings so
+        return Cause.CONFIG_ERROR
+    return Cause.ENGINE_ERROR
+
+
+def write_dead_termination(dead: wire.EngineDead) -> bool:
+    """Write the Kubernetes termination message for a death; never raises."""
     try:
-        from shoal.engine.termination import Cause, write_termination_message
-    except ImportError:  # pragma: no cover - the module ships with the engine
-        return
-    text = f"{exc!s}".lower()
-    if isinstance(exc, MemoryError) or "out of memory" in text:
-        cause = Cause.OUT_OF_MEMORY
-    elif isinstance(exc, (FileNotFoundError,)) or "does not exist" in text:
-        cause = Cause.MODEL_NOT_FOUND
-    elif isinstance(exc, ValueError):
-        cause = Cause.CONFIG_ERROR
-    else:
-        cause = Cause.ENGINE_ERROR
-    write_termination_message(cause, f"{dead.describe()}\n{dead.traceback}", rank=dead.rank,
-                              exit_code=1)
+        from shoal.engine.termination import write_termination_message
+
+        return write_termination_message(termination_cause(dead),
+                                         f"{dead.describe()}\n{dead.traceback}".strip(),
+                                         rank=dead.rank, exit_code=1)
+    except Exception:  # noqa: BLE001 - a failure path must not mask the original error
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,7 +91,9 @@ class _EngineProcess:
 
     def __init__(self, config, *, shutdown_timeout: float = 0.0, host: str | None = None,
                  engine_index: int = 0, log_level: str = "INFO",
-                 ready_timeout: float | None = None) -> None:
+                 ready_timeout: float | None = None,
+                 engine_module: str = "shoal.engine.engine_core_proc",
+                 env: dict[str, str] | None = None) -> None:
         import dataclasses
 
         self.name = f"EngineCore_{engine_index}"
@@ -119,9 +121,8 @@ class _EngineProcess:
             "parent_pid": os.getpid(), "log_level": log_level,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal.engine.engine_core_proc",
-             msgspec.json.encode(spec).decode()],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", engine_module, msgspec.json.encode(spec).decode()],
+            stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env},
         )
         self.pid = self.proc.pid
         logger.info("started %s (pid %d), waiting for it to load the model", self.name, self.pid)
@@ -180,10 +181,12 @@ class _EngineProcess:
                     f"({'handshake done' if identity else 'no handshake'}); raise "
                     f"{READY_TIMEOUT_ENV} if loading is just slow")
 
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL: the engine runs its shutdown mode on SIGTERM."""
+    def terminate(self, timeout: float = 30.0, signalled: bool = False) -> int | None:
+        """SIGTERM (unless the engine already stopped on its own), wait, then SIGKILL: the
+        engine runs its shutdown mode on SIGTERM."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if not signalled:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -211,9 +214,14 @@ class _MPClientBase(EngineCoreClient):
     """Encoding, wire handles and the decode of one output message, shared by both clients."""
 
     def __init__(self, config, *, shutdown_timeout: float = 0.0, host: str | None = None,
-                 log_level: str = "INFO", ready_timeout: float | None = None) -> None:
+                 log_level: str = "INFO", ready_timeout: float | None = None,
+                 engine_module: str = "shoal.engine.engine_core_proc",
+                 env: dict[str, str] | None = None) -> None:
+        """`engine_module` / `env`: what runs as the engine process (tests substitute a fake
+        engine to exercise the handshake; env adds variables such as fault injection)."""
         self.engine = _EngineProcess(config, shutdown_timeout=shutdown_timeout, host=host,
-                                     log_level=log_level, ready_timeout=ready_timeout)
+                                     log_level=log_level, ready_timeout=ready_timeout,
+                                     engine_module=engine_module, env=env)
         self.ready = self.engine.ready
         self.max_model_len = self.ready.max_model_len
         self.num_blocks = self.ready.num_blocks
@@ -309,7 +317,7 @@ class _MPClientBase(EngineCoreClient):
         if self._closed:
             return
         self._closed = True
-        self.engine.terminate(timeout)
+        self.engine.terminate(timeout, signalled=self.stopped is not None or self.dead is not None)
         self._close_sockets()
 
     def _close_sockets(self) -> None:

@@ -165,7 +165,7 @@ class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
 
     call_id: int
     failure_message: str | None = None
-    result: msgspec.Raw | None = None  # msgpack-encoded return value
+    result: bytes | None = None  # the return value, msgpack-encoded (decode with its own type)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -175,12 +175,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_dead(exc) -> None:
-    from shoal.engine.termination import Cause, write_termination_message
+    from shoal.engine.engine_core_proc import write_dead_termination
 
-    dead = exc.dead
-    text = f"{dead.describe()}\n{dead.traceback}".strip()
-    cause = Cause.OUT_OF_MEMORY if "out of memory" in text.lower() else Cause.ENGINE_ERROR
-    write_termination_message(cause, text, rank=dead.rank, exit_code=1)
+    write_dead_termination(exc.dead)
 
 
 async def _serve(llm, args, names: list[str], started: float) -> int:

@@ -1,0 +1,20 @@
+"""Fixtures for serving tests; the helpers live in serve_helpers.py."""
+
+from __future__ import annotations
+
+import pytest
+from serve_helpers import ServeProcess
+
+
+@pytest.fixture
+def serve_factory(tiny_model, tmp_path):
+    started: list[ServeProcess] = []
+
+    def start(*flags: str, env: dict | None = None, api_key: str | None = None) -> ServeProcess:
+        s = ServeProcess(tiny_model, tmp_path, *flags, env=env, api_key=api_key)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()

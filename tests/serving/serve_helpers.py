@@ -1,0 +1,115 @@
+"""Helpers for serving tests (imported by conftest and the test modules): a real `shoal serve` subprocess on a free port, and waits with
+deadlines (never fixed sleeps)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+API_KEY = "test-key"
+MODEL_NAME = "tiny"
+# Small KV budget: sizing 1 GiB of blocks costs seconds on a 2-core machine.
+KV_BYTES = "64M"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detail=None):
+    """Poll `predicate` until truthy; on timeout fail with `what` and `detail()` if given."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f": {detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+class ServeProcess:
+    """`shoal serve` in a subprocess; logs go to a file shown when something fails."""
+
+    def __init__(self, model: str, tmp: Path, *flags: str, env: dict | None = None,
+                 api_key: str | None = None) -> None:
+        self.port = free_port()
+        self.api_key = api_key
+        self.log_path = tmp / f"serve-{self.port}.log"
+        self.termination_log = tmp / f"termination-{self.port}.log"
+        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--host", "127.0.0.1",
+                "--port", str(self.port), "--served-model-name", MODEL_NAME,
+                "--kv-cache-memory-bytes", KV_BYTES, *flags]
+        if api_key:
+            args += ["--api-key", api_key]
+        full_env = {**os.environ, "SHOAL_TERMINATION_LOG": str(self.termination_log),
+                    **(env or {})}
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=full_env, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def wait_healthy(self, timeout: float = 180.0) -> ServeProcess:
+        def healthy():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"shoal serve exited with {self.proc.returncode}:\n"
+                                     f"{self.log()[-4000:]}")
+            try:
+                return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, timeout, "shoal serve to become healthy", interval=0.2)
+        return self
+
+    def engine_pid(self) -> int:
+        kids = psutil.Process(self.proc.pid).children()
+        engines = [k for k in kids if "engine_core_proc" in " ".join(k.cmdline())]
+        assert len(engines) == 1, [k.cmdline() for k in kids]
+        return engines[0].pid
+
+    def metric(self, name: str, labels: str = "") -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + "{") and labels in line:
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"metric {name} {labels} not found")
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"shoal serve did not exit in {timeout} s:\n"
+                                 f"{self.log()[-3000:]}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()

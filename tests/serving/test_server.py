@@ -1,0 +1,334 @@
+"""The OpenAI-compatible server, end to end: the official `openai` client against one real
+`shoal serve` subprocess (frontend process + EngineCore process) shared by this module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+from serve_helpers import API_KEY, MODEL_NAME, ServeProcess, wait_for
+
+IGNORE_EOS = {"ignore_eos": True}
+PROMPTS = ["def main(", "import os\nimport sys\n", "class Parser:\n    def"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    s = ServeProcess(tiny_model, tmp_path_factory.mktemp("serve"), api_key=API_KEY)
+    try:
+        yield s.wait_healthy()
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture
+def aclient(server):
+    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                              timeout=120)
+
+
+def greedy(client, prompt, max_tokens=16, **extra):
+    return client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens,
+                                     temperature=0, extra_body={**IGNORE_EOS, **extra})
+
+
+# ----- completions and chat ---------------------------------------------------------------
+
+
+def test_completion_returns_exactly_max_tokens_with_usage(client):
+    r = greedy(client, "def main(", max_tokens=12)
+    assert r.object == "text_completion" and r.model == MODEL_NAME
+    assert r.choices[0].finish_reason == "length" and r.choices[0].text
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_chat_completion_answers_as_assistant(client):
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=8,
+        temperature=0, extra_body=IGNORE_EOS)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 3
+
+
+def test_streamed_completion_equals_the_non_streamed_one(client):
+    full = greedy(client, PROMPTS[1], max_tokens=20).choices[0].text
+    stream = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body=IGNORE_EOS)
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_stream_has_role_delta_content_finish_usage_and_done(server):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 6, "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                      headers=server.headers, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_chat_stream_without_include_usage_sends_no_usage_chunk(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        stream=True, extra_body=IGNORE_EOS))
+    assert all(c.usage is None and c.choices for c in chunks)
+
+
+def test_stop_string_cuts_the_text_and_finishes_with_stop(client):
+    full = greedy(client, PROMPTS[0], max_tokens=24).choices[0].text
+    # A stop string from the middle of the greedy text: the answer must end right before it.
+    mid = len(full) // 2
+    stop = full[mid:mid + 3]
+    if not stop.strip():
+        stop = full[mid:mid + 5]
+    expected = full[: full.index(stop)]
+    r = greedy(client, PROMPTS[0], max_tokens=24, stop=[stop])
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=24, temperature=0, stop=[stop],
+        stream=True, extra_body=IGNORE_EOS)
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL_NAME, prompt="x = ", max_tokens=16,
+                                         temperature=1.0, seed=seed,
+                                         extra_body=IGNORE_EOS).choices[0].text
+
+    a, b = sample(7), sample(7)
+    assert a == b
+    assert any(sample(s) != a for s in (8, 9, 10))
+
+
+def test_n_greater_than_one_returns_n_choices(client):
+    r = client.completions.create(model=MODEL_NAME, prompt="for i in", max_tokens=5, n=3,
+                                  temperature=1.0, seed=1, extra_body=IGNORE_EOS)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 15
+
+
+async def test_64_concurrent_streams_all_complete_with_exact_token_counts(aclient):
+    async def one(i):
+        stream = await aclient.completions.create(
+            model=MODEL_NAME, prompt=f"value_{i} = ", max_tokens=10 + i % 7, temperature=0.8,
+            seed=i, stream=True, stream_options={"include_usage": True}, extra_body=IGNORE_EOS)
+        usage, finish = None, None
+        async for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+        return usage.completion_tokens, finish
+
+    results = await asyncio.gather(*(one(i) for i in range(64)))
+    assert results == [(10 + i % 7, "length") for i in range(64)]
+
+
+def test_greedy_http_output_equals_offline_llm_generate(client, tiny_model):
+    from shoal.engine.llm import LLM
+    from shoal.engine.wire import SamplingParams
+
+    llm = LLM(tiny_model, kv_cache_memory_bytes=64 << 20)
+    try:
+        offline = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20,
+                                                       ignore_eos=True))
+    finally:
+        llm.shutdown()
+    for prompt, ref in zip(PROMPTS, offline, strict=True):
+        r = greedy(client, prompt, max_tokens=20)
+        assert r.choices[0].text == ref.text
+        assert r.usage.completion_tokens == len(ref.token_ids)
+
+
+def test_slow_consumer_gets_every_token_exactly_once(server, client):
+    """Read one chunk, then wait until the engine has finished the whole request before reading
+    on: everything produced meanwhile must arrive (merged), none of it twice."""
+    full = greedy(client, PROMPTS[2], max_tokens=48).choices[0].text
+    done_before = server.metric("vllm:request_success_total", 'finished_reason="length"')
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[2], "max_tokens": 48, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                      headers=server.headers, timeout=60) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        wait_for(lambda: server.metric("vllm:request_success_total",
+                                       'finished_reason="length"') > done_before,
+                 60, "the engine to finish the request")
+        rest = [line for line in lines if line.startswith("data: ")]
+    chunks = [json.loads(e[6:]) for e in [first, *rest] if e != "data: [DONE]"]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == full
+    assert chunks[-1]["usage"]["completion_tokens"] == 48
+
+
+def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
+    aborted_before = server.metric("vllm:request_success_total", 'finished_reason="abort"')
+    body = {"model": MODEL_NAME, "prompt": "while True:" * 40, "max_tokens": 1500,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                      headers=server.headers, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+        wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") > 0, 30,
+                 "the running request to hold KV blocks",
+                 detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
+                                 if m.startswith(("vllm:num_req", "vllm:kv"))])
+    # The response is closed: the server must abort the request and the engine free its blocks.
+    wait_for(lambda: server.metric("vllm:request_success_total", 'finished_reason="abort"')
+             > aborted_before, 30, "the frontend to abort the request")
+    wait_for(lambda: server.metric("vllm:num_requests_running") == 0
+             and server.metric("vllm:kv_cache_usage_perc") == 0, 30,
+             "the engine to free the request's KV blocks",
+             detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
+                             if m.startswith(("vllm:num_req", "vllm:kv", "vllm:request_succ"))])
+    assert "aborted (client gone)" in server.log()
+
+
+# ----- bad input: the right 4xx, a message that says what to fix, nothing else lost ----------
+
+TOO_LONG = list(range(10, 2100))
+BAD_REQUESTS = [
+    ("malformed JSON", "/v1/completions", b'{"model": "tiny", "prompt": ', 400, "not valid JSON"),
+    ("prompt of the wrong type", "/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("max_tokens not a number", "/v1/completions", {"prompt": "a", "max_tokens": "ten"}, 400,
+     "max_tokens"),
+    ("negative max_tokens", "/v1/completions", {"prompt": "a", "max_tokens": -1}, 400,
+     "max_tokens must be at least 1"),
+    ("huge max_tokens", "/v1/completions", {"prompt": "a", "max_tokens": 10**6}, 400,
+     "maximum context length is 2048"),
+    ("too-long prompt", "/v1/completions", {"prompt": TOO_LONG, "max_tokens": 1}, 400,
+     "maximum context length is 2048"),
+    ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 10**7]}, 400,
+     "outside the vocabulary"),
+    ("negative temperature", "/v1/completions", {"prompt": "a", "temperature": -1}, 400,
+     "temperature"),
+    ("top_p above 1", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "a"}], "top_p": 2}, 400, "top_p"),
+    ("n of zero", "/v1/completions", {"prompt": "a", "n": 0}, 400, "n must be"),
+    ("logprobs", "/v1/completions", {"prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("unknown role", "/v1/chat/completions", {"messages": [{"role": "x", "content": "a"}]}, 400,
+     "role"),
+    ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "a"}, 404,
+     "`gpt-9` does not exist"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_input_gets_a_4xx_that_says_what_to_fix(server, case):
+    _, path, body, status, fragment = case
+    if isinstance(body, dict):
+        body = json.dumps({"model": MODEL_NAME, **body}).encode()
+    r = httpx.post(f"{server.url}{path}", content=body, timeout=30,
+                   headers={**server.headers, "content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["code"] == status and err["type"]
+
+
+def test_openai_client_sees_bad_request_and_not_found_errors(client):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 2048"):
+        client.completions.create(model=MODEL_NAME, prompt=TOO_LONG, max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="a", max_tokens=4)
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}])
+def test_missing_or_wrong_api_key_is_401(server, headers):
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a"}, headers=headers)
+    assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200  # probes need no key
+
+
+async def test_bad_requests_do_not_disturb_a_stream_in_flight(aclient, server):
+    stream = await aclient.completions.create(
+        model=MODEL_NAME, prompt="def f(", max_tokens=40, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body=IGNORE_EOS)
+    async with httpx.AsyncClient(headers=server.headers) as http:
+        for _, path, body, status, _ in BAD_REQUESTS:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            r = await http.post(f"{server.url}{path}", content=data,
+                                headers={"content-type": "application/json"})
+            assert r.status_code == status
+    usage = [c.usage async for c in stream if c.usage]
+    assert usage[0].completion_tokens == 40
+
+
+# ----- the rest of the surface ---------------------------------------------------------------
+
+
+def test_models_version_and_health(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    assert httpx.get(f"{server.url}/version").json()["version"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_tokenize_and_detokenize_round_trip(server):
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": "print('hello')"}).json()
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 2048
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": r["tokens"][1:]}).json()
+    assert text["prompt"] == "print('hello')"
+    chat = httpx.post(f"{server.url}/tokenize",
+                      json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > 3
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [-1]})
+    assert bad.status_code == 400
+
+
+def test_metrics_use_vllm_names_and_labels(server, client):
+    greedy(client, "a", max_tokens=3)
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:request_queue_time_seconds_bucket"]:
+        lines = [line for line in text.splitlines() if line.startswith(name + "{")]
+        assert lines and all('engine="0"' in line and f'model_name="{MODEL_NAME}"' in line
+                             for line in lines), name
+    assert re.search(r'^vllm:request_success_total\{.*finished_reason="length".*\} [1-9]', text,
+                     re.M)
+
+
+def test_serve_help_explains_every_vllm_flag():
+    out = subprocess.run([sys.executable, "-m", "shoal.engine.cli", "serve", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    for flag in ["--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
+                 "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching",
+                 "--no-enable-prefix-caching", "--dtype", "--seed", "--api-key",
+                 "--shutdown-timeout", "--kv-cache-memory-bytes", "--tensor-parallel-size",
+                 "--headless", "--nnodes", "--node-rank", "--master-addr", "--master-port"]:
+        assert flag in out, flag
