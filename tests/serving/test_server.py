@@ -196,9 +196,8 @@ def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
             "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
                       headers=server.headers, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                break
+        lines = r.iter_lines()  # (breaking out of iter_lines would close the connection early)
+        next(line for line in lines if line.startswith("data: "))
         wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") > 0, 30,
                  "the running request to hold KV blocks",
                  detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()

@@ -147,10 +147,15 @@ def _is_plain(o: EngineCoreOutput) -> bool:
     return True
 
 
-def _pack(values: array, width: int) -> bytes:
+def _pack(values: list[int]) -> tuple[int, bytes]:
+    """(width, little-endian bytes): 2 bytes per entry when every value fits, else 4."""
+    try:
+        packed = array("H", values)
+    except OverflowError:
+        packed = array("I", values)
     if not _LITTLE:
-        values.byteswap()
-    return values.tobytes()
+        packed.byteswap()
+    return packed.itemsize, packed.tobytes()
 
 
 def _unpack(data: bytes, width: int) -> array:
@@ -161,10 +166,6 @@ def _unpack(data: bytes, width: int) -> array:
     return values
 
 
-def _width(values: array) -> int:
-    return 2 if not values or max(values) < 0x10000 else 4
-
-
 class OutputCodec:
     """EngineCoreOutputs <-> OutputBatch. The engine side names requests by handle; the frontend
     side maps handles back to request ids."""
@@ -173,32 +174,37 @@ class OutputCodec:
     def to_batch(outs: EngineCoreOutputs, handle_of: Callable[[str], int | None]) -> OutputBatch:
         """`handle_of(request_id)` -> the handle the request's ADD carried, or None (then the
         output travels in extras with its full id)."""
-        handles, tokens = array("I"), array("I")
-        extras: list[EngineCoreOutput] = []
-        extra_handles: list[int] = []
-        for o in outs.outputs:
-            h = handle_of(o.request_id)
-            if h is not None and _is_plain(o):
-                handles.append(h)
-                tokens.append(o.new_token_ids[0])
-                continue
-            if h is None:
-                extras.append(o)
-                extra_handles.append(-1)
-            else:
-                extras.append(msgspec.structs.replace(o, request_id=""))
-                extra_handles.append(h)
-        hw, tw = _width(handles), _width(tokens)
-        if hw == 2:
-            handles = array("H", handles)
-        if tw == 2:
-            tokens = array("H", tokens)
+        outputs = outs.outputs
+        hs = [handle_of(o.request_id) for o in outputs]
+        # -1 marks an output that is not a plain decode token (checked in the same pass).
+        toks = [o.new_token_ids[0] if (o.finish_reason is None and o.stop_reason is None
+                                       and not o.num_cached_tokens and len(o.new_token_ids) == 1)
+                else -1 for o in outputs]
+        if not _OTHER_DEFAULTS and -1 not in toks and None not in hs:
+            # The steady state: every output is one decode token (no per-output branches).
+            handles, tokens = hs, toks
+            extras: list[EngineCoreOutput] = []
+            extra_handles: list[int] = []
+        else:
+            handles, tokens, extras, extra_handles = [], [], [], []
+            for o, h in zip(outputs, hs, strict=True):
+                if h is not None and _is_plain(o):
+                    handles.append(h)
+                    tokens.append(o.new_token_ids[0])
+                elif h is None:
+                    extras.append(o)
+                    extra_handles.append(-1)
+                else:
+                    extras.append(msgspec.structs.replace(o, request_id=""))
+                    extra_handles.append(h)
+        hw, handle_bytes = _pack(handles)
+        tw, token_bytes = _pack(tokens)
         return OutputBatch(
             engine_index=outs.engine_index,
             handle_width=hw,
             token_width=tw,
-            handles=_pack(handles, hw),
-            token_ids=_pack(tokens, tw),
+            handles=handle_bytes,
+            token_ids=token_bytes,
             extras=extras,
             extra_handles=extra_handles,
             scheduler_stats=outs.scheduler_stats,
@@ -209,23 +215,36 @@ class OutputCodec:
         )
 
     @staticmethod
-    def from_batch(batch: OutputBatch, id_of: dict[int, str]) -> EngineCoreOutputs:
-        """Outputs for handles not in `id_of` (requests the frontend already aborted) are
-        dropped: handles are never reused while the engine may still emit for them."""
-        outputs: list[EngineCoreOutput] = []
+    def columns(batch: OutputBatch, id_of: dict[int, str]
+                ) -> tuple[list[str | None], array, list[EngineCoreOutput]]:
+        """The decode-token columns as (request ids, token ids) and the other outputs with their
+        ids restored. A request id is None where the frontend already dropped the handle
+        (aborted): its output is to be ignored, handles are never reused while the engine may
+        still emit for them. The frontend consumes this form without per-token objects."""
         get = id_of.get
-        for h, t in zip(_unpack(batch.handles, batch.handle_width),
-                        _unpack(batch.token_ids, batch.token_width), strict=True):
-            rid = get(h)
-            if rid is not None:
-                outputs.append(EngineCoreOutput(rid, [t]))
+        rids = [get(h) for h in _unpack(batch.handles, batch.handle_width)]
+        toks = _unpack(batch.token_ids, batch.token_width)
+        extras: list[EngineCoreOutput] = []
         for h, o in zip(batch.extra_handles, batch.extras, strict=True):
             if h >= 0:
                 rid = get(h)
                 if rid is None:
                     continue
                 o.request_id = rid
-            outputs.append(o)
+            extras.append(o)
+        return rids, toks, extras
+
+    @staticmethod
+    def from_batch(batch: OutputBatch, id_of: dict[int, str]) -> EngineCoreOutputs:
+        """Back to per-request EngineCoreOutput objects (the EngineCoreClient contract)."""
+        rids, toks, extras = OutputCodec.columns(batch, id_of)
+        outputs = [EngineCoreOutput(r, [t]) for r, t in zip(rids, toks, strict=True)
+                   if r is not None]
+        outputs += extras
+        return OutputCodec.shell(batch, outputs)
+
+    @staticmethod
+    def shell(batch: OutputBatch, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
         return EngineCoreOutputs(
             engine_index=batch.engine_index,
             outputs=outputs,

@@ -29,8 +29,9 @@ import tempfile
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
@@ -51,6 +52,16 @@ logger = logging.getLogger("shoal.engine.mp_client")
 
 READY_TIMEOUT_ENV = "SHOAL_ENGINE_READY_TIMEOUT_S"
 DEFAULT_READY_TIMEOUT_S = 600.0
+
+
+class ColumnarOutputs(NamedTuple):
+    """One step as the frontend consumes it: plain decode tokens as two columns (request id,
+    token id; the id is None for requests already aborted here) plus every other output, the
+    stats and notices in `outputs` (EngineCoreOutputs)."""
+
+    outputs: EngineCoreOutputs
+    token_request_ids: list[str | None]
+    token_ids: array
 
 
 class EngineDeadError(RuntimeError):
@@ -274,8 +285,9 @@ class _MPClientBase(EngineCoreClient):
 
     # ----- decode side -------------------------------------------------------------------------
 
-    def _decode(self, frames: list) -> Any:
-        """EngineCoreOutputs, or an EngineDead / EngineStopped notice."""
+    def _decode(self, frames: list, columnar: bool = False) -> Any:
+        """EngineCoreOutputs (ColumnarOutputs if `columnar`), or an EngineDead / EngineStopped
+        notice."""
         head = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
         if len(frames) == 2 and bytes(head[:13]) == b"ENGINE_CORE_D":
             self.dead = msgspec.msgpack.decode(frames[1].bytes, type=wire.EngineDead)
@@ -284,13 +296,17 @@ class _MPClientBase(EngineCoreClient):
             self.stopped = msgspec.msgpack.decode(frames[1].bytes, type=wire.EngineStopped)
             return self.stopped
         batch = self.decoder.decode(frames)
-        outs = OutputCodec.from_batch(batch, self._id_of)
+        if columnar:
+            rids, toks, extras = OutputCodec.columns(batch, self._id_of)
+            outs = OutputCodec.shell(batch, extras)
+        else:
+            outs = OutputCodec.from_batch(batch, self._id_of)
         for o in outs.outputs:
             if o.finish_reason is not None:
                 self._release(o.request_id)
         for r in outs.rejected or ():
             self._release(r.request_id)
-        return outs
+        return ColumnarOutputs(outs, rids, toks) if columnar else outs
 
     def _release(self, request_id: str) -> None:
         h = self._handle_of.pop(request_id, None)
@@ -437,16 +453,17 @@ class AsyncMPClient(_MPClientBase):
                 frames = await self._aout.recv_multipart(copy=False)
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            item = self._decode(frames)
-            if isinstance(item, EngineCoreOutputs):
-                if item.utility_output is not None:
-                    fut = self._calls.pop(item.utility_output.call_id, None)
+            item = self._decode(frames, columnar=True)
+            if isinstance(item, ColumnarOutputs):
+                outs = item.outputs
+                if outs.utility_output is not None:
+                    fut = self._calls.pop(outs.utility_output.call_id, None)
                     if fut is not None and not fut.done():
                         try:
-                            fut.set_result(self._utility_result(item.utility_output))
+                            fut.set_result(self._utility_result(outs.utility_output))
                         except Exception as exc:  # noqa: BLE001
                             fut.set_exception(exc)
-                    if not item.outputs and not item.rejected:
+                    if not outs.outputs and not outs.rejected and not item.token_ids:
                         continue
                 self._outputs.put_nowait(item)
                 continue
@@ -488,8 +505,18 @@ class AsyncMPClient(_MPClientBase):
             await self._ain.send_multipart(frames, copy=False)
 
     async def get_output_async(self) -> EngineCoreOutputs:
+        """One step's outputs as per-request objects (the EngineCoreClient contract)."""
+        cols = await self.get_columnar_output_async()
+        outs = cols.outputs
+        outs.outputs = [wire.EngineCoreOutput(r, [t]) for r, t in
+                        zip(cols.token_request_ids, cols.token_ids, strict=True)
+                        if r is not None] + outs.outputs
+        return outs
+
+    async def get_columnar_output_async(self) -> ColumnarOutputs:
+        """One step's outputs in the columnar form AsyncLLM consumes (no per-token objects)."""
         item = await self._outputs.get()
-        if isinstance(item, EngineCoreOutputs):
+        if isinstance(item, ColumnarOutputs):
             return item
         self._outputs.put_nowait(item)
         if isinstance(item, wire.EngineDead):

@@ -179,9 +179,13 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                outs = await client.get_output_async()
+                cols = await client.get_columnar_output_async()
+                outs = cols.outputs
                 for r in outs.rejected or ():
                     op.fail_request(r.request_id, RequestRejectedError(r.message, r.status))
+                to_abort = op.process_tokens(cols.token_request_ids, cols.token_ids)
+                if to_abort:
+                    await client.abort_requests_async(to_abort)
                 items = outs.outputs
                 for start in range(0, len(items), OUTPUT_CHUNK_SIZE):
                     to_abort = op.process_outputs(items[start:start + OUTPUT_CHUNK_SIZE])

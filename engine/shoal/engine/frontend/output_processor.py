@@ -150,43 +150,56 @@ class OutputProcessor:
         """Feed one step's outputs; returns engine ids to abort in the engine (stop strings)."""
         to_abort: list[str] = []
         now = time.monotonic()
+        get = self.request_states.get
         for o in outputs:
-            state = self.request_states.get(o.request_id)
-            if state is None:
-                continue  # already finished or aborted here
-            n_new = len(o.new_token_ids)
-            if n_new:
-                if state.first_token_time is None:
-                    state.first_token_time = now
-                    state.num_cached_tokens = o.num_cached_tokens
-                else:
-                    state.itls.append(now - state.last_token_time)
-                state.last_token_time = now
-                state.num_output_tokens += n_new
-            finish = o.finish_reason
-            stop_reason = o.stop_reason
-            stop_str = state.detok.append(o.new_token_ids) if n_new else None
-            if stop_str is not None and finish is None:
-                finish, stop_reason = FinishReason.STOP, stop_str
-                to_abort.append(o.request_id)
-            elif stop_str is not None:
-                finish, stop_reason = FinishReason.STOP, stop_str
-            finished = finish is not None
-            state.collector.put(RequestOutput(
-                request_id=state.external_id,
-                text=state.detok.release(finished),
-                token_ids=list(o.new_token_ids),
-                num_prompt_tokens=state.prompt_len,
-                num_output_tokens=state.num_output_tokens,
-                num_cached_tokens=state.num_cached_tokens,
-                finish_reason=str(finish) if finished else None,
-                stop_reason=stop_reason,
-            ))
-            if finished:
-                del self.request_states[o.request_id]
-                if self.metrics is not None:
-                    self.metrics.record_finished(state, str(finish), now)
+            state = get(o.request_id)
+            if state is not None:  # else: already finished or aborted here
+                self._process(state, o.new_token_ids, o.finish_reason, o.stop_reason,
+                              o.num_cached_tokens, now, to_abort)
         return to_abort
+
+    def process_tokens(self, request_ids, token_ids) -> list[str]:
+        """The columnar fast path: one plain decode token per request (None ids: ignored)."""
+        to_abort: list[str] = []
+        now = time.monotonic()
+        get = self.request_states.get
+        for rid, t in zip(request_ids, token_ids, strict=True):
+            state = get(rid) if rid is not None else None
+            if state is not None:
+                self._process(state, [t], None, None, 0, now, to_abort)
+        return to_abort
+
+    def _process(self, state: RequestState, new_token_ids: list[int], finish, stop_reason,
+                 num_cached_tokens: int, now: float, to_abort: list[str]) -> None:
+        n_new = len(new_token_ids)
+        if n_new:
+            if state.first_token_time is None:
+                state.first_token_time = now
+                state.num_cached_tokens = num_cached_tokens
+            else:
+                state.itls.append(now - state.last_token_time)
+            state.last_token_time = now
+            state.num_output_tokens += n_new
+        stop_str = state.detok.append(new_token_ids) if n_new else None
+        if stop_str is not None:
+            if finish is None:
+                to_abort.append(state.engine_id)
+            finish, stop_reason = FinishReason.STOP, stop_str
+        finished = finish is not None
+        state.collector.put(RequestOutput(
+            request_id=state.external_id,
+            text=state.detok.release(finished),
+            token_ids=list(new_token_ids),
+            num_prompt_tokens=state.prompt_len,
+            num_output_tokens=state.num_output_tokens,
+            num_cached_tokens=state.num_cached_tokens,
+            finish_reason=str(finish) if finished else None,
+            stop_reason=stop_reason,
+        ))
+        if finished:
+            del self.request_states[state.engine_id]
+            if self.metrics is not None:
+                self.metrics.record_finished(state, str(finish), now)
 
     def abort_request(self, engine_id: str) -> bool:
         """Retire a request here (client gone); its consumer, if any, sees finish 'abort'."""

@@ -1,0 +1,127 @@
+"""Failure paths across the process boundary: every one names the process and the root cause,
+in the exception, the HTTP error, /health, the exit code and the termination message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import MODEL_NAME, wait_for
+from shoal.engine import wire
+from shoal.engine.config import EngineConfig
+from shoal.engine.mp_client import EngineDeadError, EngineStartupError, SyncMPClient
+
+HERE = Path(__file__).parent
+
+
+def test_protocol_mismatch_fails_start_up_naming_both_versions(tiny_model):
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    started = time.monotonic()
+    with pytest.raises(EngineStartupError) as err:
+        SyncMPClient(EngineConfig(model=tiny_model), engine_module="fake_engine_wrong_protocol",
+                     env=env)
+    msg = str(err.value)
+    assert f"frontend v{wire.PROTOCOL_VERSION}" in msg
+    assert f"engine v{wire.PROTOCOL_VERSION + 1}" in msg and "9.9.9" in msg
+    assert time.monotonic() - started < 30  # fails at HELLO, not after a model load
+
+
+def _run_to_finish(client: SyncMPClient, request_id: str) -> list[int]:
+    tokens: list[int] = []
+    while True:
+        for out in client.get_output().outputs:
+            if out.request_id == request_id:
+                tokens += out.new_token_ids
+                if out.finish_reason is not None:
+                    return tokens
+
+
+def test_sync_client_serves_then_reports_an_engine_exception_with_its_root_cause(
+        tiny_model, tmp_path):
+    term = tmp_path / "termination-log"
+    client = SyncMPClient(
+        EngineConfig(model=tiny_model, kv_cache_memory_bytes=64 << 20),
+        env={"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_TERMINATION_LOG": str(term)})
+    try:
+        assert client.max_model_len == 2048 and client.num_blocks > 1
+        params = wire.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        client.add_request(wire.EngineCoreRequest("r1", [0, 40, 41, 42], params, time.time()))
+        assert len(_run_to_finish(client, "r1")) == 5
+        stats = client.call_utility("get_kv_stats")
+        assert stats["num_blocks"] == client.num_blocks
+        assert client.call_utility("ping") == "pong"
+        with pytest.raises(RuntimeError, match="not allowed"):
+            client.call_utility("shutdown")
+        # A request the engine refuses comes back as a rejection, the engine lives on.
+        client.add_request(wire.EngineCoreRequest("bad", [], params, time.time()))
+        rejected = None
+        while rejected is None:
+            rejected = client.get_output().rejected
+        assert rejected[0].status == 400 and "empty" in rejected[0].message
+
+        with pytest.raises(EngineDeadError):
+            client.call_utility("fail_for_test", "injected boom")
+        with pytest.raises(EngineDeadError) as err:
+            client.get_output()
+        dead = err.value.dead
+        assert dead.process == "EngineCore_0" and dead.rank == 0
+        assert dead.exc_type == "RuntimeError" and dead.message == "injected boom"
+        assert "in _utility" in dead.traceback and "Traceback" in dead.traceback
+        assert client.engine.proc.wait(30) == 1
+        message = json.loads(term.read_text())
+        assert message["cause"] == "engine_error" and "injected boom" in message["message"]
+        assert "EngineCore_0" in message["message"]
+    finally:
+        client.shutdown()
+
+
+def test_start_up_failure_exits_1_with_the_engines_own_error(serve_factory):
+    server = serve_factory("--num-gpu-blocks-override", "2")
+    assert server.wait_exit(180) == 1
+    log = server.log()
+    assert "EngineCore_0" in log and "ValueError" in log and "KV cache holds" in log
+    message = json.loads(server.termination_log.read_text())
+    assert message["cause"] == "config_error" and "KV cache holds" in message["message"]
+
+
+def test_bad_flags_exit_2_with_a_clear_message(serve_factory):
+    server = serve_factory("--tensor-parallel-size", "2")
+    assert server.wait_exit(60) == 2
+    assert "multi-rank execution" in server.log()
+    assert json.loads(server.termination_log.read_text())["cause"] == "config_error"
+
+
+def test_sigkilled_engine_fails_requests_with_its_name_and_the_server_exits_1(serve_factory):
+    server = serve_factory(env={"SHOAL_DEAD_LINGER_S": "10"}).wait_healthy()
+    body = {"model": MODEL_NAME, "prompt": "def f(", "max_tokens": 1900, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        rest = [line[6:] for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "[DONE]"
+    error = json.loads(rest[-2])["error"]
+    assert error["type"] == "EngineDeadError" and error["code"] == 500
+    assert "EngineCore_0" in error["message"] and "SIGKILL" in error["message"]
+
+    health = wait_for(lambda: _status(f"{server.url}/health") == 503 and
+                      httpx.get(f"{server.url}/health"), 10, "/health to say 503")
+    assert "EngineCore_0" in health.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a"}, timeout=10)
+    assert r.status_code == 500 and "EngineCore_0" in r.json()["error"]["message"]
+    assert server.wait_exit(60) == 1
+    message = json.loads(server.termination_log.read_text())
+    assert message["cause"] == "engine_error" and "SIGKILL" in message["message"]
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return None
