@@ -41,7 +41,7 @@ def no_block_leaks():
         assert_no_leaks(engine)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     # Two cores shared by several test processes: one intra-op thread avoids oversubscription.
     previous = torch.get_num_threads()

@@ -89,9 +89,13 @@ def paged_attention_forward(
         vd = _gather(v_cache, meta.decode_block_table.view(-1), meta.gather_buffers[1])
         kd = kd.view(shape).transpose(1, 2)  # [D, Hkv, L, hd]
         vd = vd.view(shape).transpose(1, 2)
+        # GQA without expanding K/V: the query heads that share a KV head become that head's
+        # query rows (one mask row serves them all, since a decode row has one position).
+        groups = q.shape[1] // num_kv_heads
         od = F.scaled_dot_product_attention(
-            qd.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=True
-        ).squeeze(2)  # [D, Hq, hd]
+            qd.reshape(rows, num_kv_heads, groups, head_dim), kd, vd,
+            attn_mask=meta.decode_mask, scale=scaling,
+        ).reshape(rows, -1, head_dim)  # [D, Hq, hd]
         if meta.all_decode:
             return od.unsqueeze(0), None
         out.index_copy_(0, meta.decode_token_idx, od)
