@@ -141,9 +141,10 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
             list(pool.map(lambda i: kube.request("POST", url, body=_engine(ns, i, groups, ranks)), range(n)))
         t_created = time.monotonic() - t0
         want_pods = n * groups * ranks
+        engine_pods = f"{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
 
         def children_done():
-            return (len(kube.list("v1", "pods", ns)) == want_pods
+            return (len(kube.list("v1", "pods", ns, engine_pods)) == want_pods
                     and len(kube.list("apps/v1", "deployments", ns)) == n
                     and len(kube.list("v1", "configmaps", ns, f"{L.LABEL_ENGINE}")) == n
                     and len(kube.list("v1", "services", ns)) == 2 * n)
@@ -152,7 +153,7 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         t_children = time.monotonic() - t0
 
         t1 = time.monotonic()
-        names = [p["metadata"]["name"] for p in kube.list("v1", "pods", ns)]
+        names = [p["metadata"]["name"] for p in kube.list("v1", "pods", ns, engine_pods)]
         with cf.ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda name: set_ready(kube, ns, name), names))
         t_kubelet = time.monotonic() - t1

@@ -73,6 +73,7 @@ class Reconciler:
         self._applied: dict[tuple, tuple[str, float]] = {}
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._last_pass: dict[tuple, float] = {}
 
     # ---- entry points --------------------------------------------------------------------
 
@@ -85,9 +86,20 @@ class Reconciler:
         with self.lock(meta["namespace"], meta["name"]):
             # Work on the freshest copy: handlers may hand us a body that is a few events old.
             fresh = self.kube.get(L.API_VERSION, L.PLURAL, meta["namespace"], meta["name"])
-            if fresh is None:
+            if fresh is None or (meta.get("uid") and fresh["metadata"].get("uid") != meta["uid"]):
                 return Outcome()
+            self._last_pass[(meta["namespace"], meta["name"])] = time.monotonic()
             return self._pass(fresh)
+
+    def seconds_since_pass(self, namespace: str, name: str) -> float:
+        last = self._last_pass.get((namespace, name))
+        return float("inf") if last is None else time.monotonic() - last
+
+    @staticmethod
+    def waiting_on_time(status: dict) -> bool:
+        """A group waits for a clock (backoff deadline) or for a drain to progress."""
+        return any(g.get("phase") in ("BackingOff", "Draining", "Updating")
+                   for g in status.get("groups") or [])
 
     def pdb_api_version(self) -> str | None:
         """policy/v1 where served (1.21+), else policy/v1beta1 (1.20), else no PDB."""
@@ -113,7 +125,9 @@ class Reconciler:
         rev = render.engine_revision(spec)
         st = _PassState(body=body, now=now, rev=rev, old_status=old_status,
                         last_failure=old_status.get("lastFailure"),
-                        restart_count=int(old_status.get("restartCount", 0)))
+                        restart_count=int(old_status.get("restartCount", 0)), deleting=deleting,
+                        serving={int(g["index"]) for g in old_status.get("groups") or []
+                                 if g.get("phase") == "Ready" and int(g["index"]) < replicas})
 
         pods = self.kube.list("v1", "pods", ns, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}")
         pods = [p for p in pods if _owned_by(p, meta.get("uid"))]
@@ -354,6 +368,7 @@ class Reconciler:
             return mem
         if rank0 is not None:
             if not is_stopping(rank0):
+                self._withdraw(st, g)  # frontends stop sending before rank 0 stops admitting
                 self.kube.delete("v1", "pods", rank0["metadata"]["namespace"], rank0["metadata"]["name"],
                                  uid=rank0["metadata"].get("uid"))
                 mem["drainStartTime"] = _iso(st.now)
@@ -371,6 +386,13 @@ class Reconciler:
         self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
         mem["message"] = f"stopping headless ranks ({reason})"
         return mem
+
+    def _withdraw(self, st: _PassState, g: int) -> None:
+        """Rewrite the discovery file without group `g` now, ahead of the end of the pass."""
+        if st.deleting:
+            return
+        st.serving.discard(g)
+        self._apply(st.body, render.discovery_configmap(st.body, sorted(st.serving)))
 
     def _drain_done(self, st: _PassState, g: int, mem: dict) -> None:
         timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
@@ -406,6 +428,8 @@ class _PassState:
     old_status: dict
     last_failure: dict | None
     restart_count: int
+    deleting: bool = False
+    serving: set = field(default_factory=set)  # groups in the discovery file as of now
     requeue_after: float | None = None
     created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
 
