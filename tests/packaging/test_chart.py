@@ -123,10 +123,11 @@ def triples(rules: list[dict]) -> set[tuple[str, str, str]]:
     return out
 
 
-def operator_rules() -> list[dict]:
-    from shoal.operator.rbac import RULES
+def operator_rules(namespaced: bool = False) -> list[dict]:
+    """RULES; in namespaced mode also NAMESPACE_RULES (kopf follows the namespaces it is given)."""
+    from shoal.operator.rbac import NAMESPACE_RULES, RULES
 
-    return RULES
+    return RULES + (NAMESPACE_RULES if namespaced else [])
 
 
 def expected_chart_rules() -> str:
@@ -135,7 +136,10 @@ def expected_chart_rules() -> str:
     cluster = [r for r in rules if all((g, res.split("/")[0]) in CLUSTER_SCOPED for g in r["apiGroups"] for res in r["resources"])]
     ns = [r for r in rules if r not in cluster]
     dump = lambda rs: yaml.safe_dump(rs, sort_keys=False, default_flow_style=None).strip()  # noqa: E731
-    return f"namespaced:\n{dump(ns)}\ncluster:\n{dump(cluster) if cluster else '[]'}"
+    from shoal.operator.rbac import NAMESPACE_RULES
+
+    return (f"shoal.rules.namespaced:\n{dump(ns)}\nshoal.rules.cluster:\n{dump(cluster) if cluster else '[]'}\n"
+            f"shoal.rules.namespaceObserver:\n{dump(NAMESPACE_RULES)}")
 
 
 def test_cluster_wide_rbac_grants_exactly_the_operators_rules(helm_template):
@@ -175,7 +179,10 @@ def test_namespaced_mode_uses_a_role_in_each_watched_namespace(helm_template):
         for g, res, _ in triples(role["rules"]):
             assert (g, res.split("/")[0]) in CLUSTER_SCOPED, f"cluster-wide grant of {g}/{res}"
     granted = set().union(*(triples(r["rules"]) for r in roles + cluster))
-    assert granted == triples(operator_rules())
+    assert granted == triples(operator_rules(namespaced=True))
+    # Namespaced rules are granted per namespace only, never through the ClusterRole.
+    namespaced_part = set().union(*(triples(r["rules"]) for r in roles))
+    assert namespaced_part == {t for t in triples(operator_rules()) if (t[0], t[1].split("/")[0]) not in CLUSTER_SCOPED}
     args = the(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={n}" for n in watched]
     assert "--all-namespaces" not in args

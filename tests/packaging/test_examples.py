@@ -115,3 +115,24 @@ def test_children_rendered_from_example_are_valid_kubernetes(path):
         for c in children:
             refs = c["metadata"].get("ownerReferences") or []
             assert [r["uid"] for r in refs] == [body["metadata"]["uid"]], c["metadata"]["name"]
+
+
+@pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: p.name)
+def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
+    """The operator renders `shoal serve` command lines from each example's spec (extraArgs
+    included); the engine's own argument parser must accept every one of them."""
+    from shoal.engine.entrypoints.serve import build_parser
+    from shoal.operator.render import render_children
+
+    for obj in load_all(path):
+        body = stored(obj)
+        if body["spec"]["runtime"] != "Shoal":
+            continue  # stock `vllm serve` parses these
+        for pod in (c for c in render_children(body) if c["kind"] == "Pod"):
+            (container,) = pod["spec"]["containers"]
+            args = container["args"]
+            assert args[0] == "serve", args
+            try:
+                build_parser().parse_args(args[1:])
+            except SystemExit:
+                pytest.fail(f"{path.name}: `shoal {' '.join(args)}` is refused by shoal serve")

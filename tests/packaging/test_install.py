@@ -46,6 +46,12 @@ class Cli:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
+    def of_release(self, kind: str, release: str, *args) -> dict:
+        """The one object of `kind` that the release made (selected by its instance label)."""
+        found = self.get_json(kind, "-l", f"app.kubernetes.io/instance={release}", *args)["items"]
+        assert len(found) == 1, f"expected one {kind} of release {release}, found {len(found)}"
+        return found[0]
+
 
 @pytest.fixture(scope="module")
 def cli(k8s_tools, control_plane, tmp_path_factory):
@@ -84,12 +90,14 @@ def test_helm_install_is_accepted_by_the_api_server(cli, release):
 
     from shoal.operator.rbac import RULES
 
-    role = cli.get_json("clusterrole", f"{name}-shoal-operator")
+    role = cli.of_release("clusterrole", name)
     assert _triples(role["rules"]) == _triples(RULES)
-    binding = cli.get_json("clusterrolebinding", f"{name}-shoal-operator")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-shoal-operator", "namespace": ns}]
-    cli.get_json("serviceaccount", f"{name}-shoal-operator", "-n", ns)
-    dep = cli.get_json("deployment", f"{name}-shoal-operator", "-n", ns)
+    binding = cli.of_release("clusterrolebinding", name)
+    sa = cli.of_release("serviceaccount", name, "-n", ns)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": ns}]
+    dep = cli.of_release("deployment", name, "-n", ns)
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
@@ -101,19 +109,19 @@ def test_namespaced_install_creates_a_role_in_each_watched_namespace(cli, contro
     proc = cli.helm("install", ns, CHART, "--namespace", ns, "--set", f"watchNamespaces={{{','.join(watched)}}}")
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
     try:
-        from shoal.operator.rbac import RULES
+        from shoal.operator.rbac import NAMESPACE_RULES, RULES
 
         granted = set()
         for w in watched:
-            role = cli.get_json("role", f"{ns}-shoal-operator", "-n", w)
-            binding = cli.get_json("rolebinding", f"{ns}-shoal-operator", "-n", w)
+            role = cli.of_release("role", ns, "-n", w)
+            binding = cli.of_release("rolebinding", ns, "-n", w)
             assert binding["subjects"][0]["namespace"] == ns
             granted |= _triples(role["rules"])
-        cluster = cli.kubectl("get", "clusterrole", f"{ns}-shoal-operator", "-o", "json")
-        if cluster.returncode == 0:
-            granted |= _triples(json.loads(cluster.stdout)["rules"])
-        assert granted == _triples(RULES)
-        args = cli.get_json("deployment", f"{ns}-shoal-operator", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["args"]
+        cluster = cli.get_json("clusterrole", "-l", f"app.kubernetes.io/instance={ns}")["items"]
+        granted |= set().union(*(_triples(c["rules"]) for c in cluster))
+        assert granted == _triples(RULES + NAMESPACE_RULES)
+        dep = cli.of_release("deployment", ns, "-n", ns)
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={w}" for w in watched]
     finally:
         cli.helm("uninstall", ns, "--namespace", ns)

@@ -46,3 +46,15 @@ cluster-scoped rules always need the ClusterRole.
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- end -}}
+
+{{- /*
+shoal.operator.rbac.NAMESPACE_RULES, namespaced mode only: kopf lists and watches namespaces
+whenever it is given --namespace (to follow namespaces that come and go); without this grant it
+retries the forbidden list for ~20 s at start and then assumes the listed namespaces exist.
+Cluster-wide (--all-namespaces) kopf never reads namespaces.
+*/ -}}
+{{- define "shoal.rules.namespaceObserver" -}}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get", "list", "watch"]
+{{- end -}}
