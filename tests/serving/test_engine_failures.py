@@ -97,7 +97,7 @@ def test_bad_flags_exit_2_with_a_clear_message(serve_factory):
 
 
 def test_sigkilled_engine_fails_requests_with_its_name_and_the_server_exits_1(serve_factory):
-    server = serve_factory(env={"SHOAL_DEAD_LINGER_S": "10"}).wait_healthy()
+    server = serve_factory(env={"SHOAL_DEAD_LINGER_S": "6"}).wait_healthy()
     body = {"model": MODEL_NAME, "prompt": "def f(", "max_tokens": 1900, "temperature": 0,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
