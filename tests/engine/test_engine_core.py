@@ -60,6 +60,7 @@ def test_step_returns_wire_outputs_with_stats(core):
         (lambda: request("bad", [5], temperature=-1.0), "temperature"),
         (lambda: request("bad", [5], top_p=0.0), "top_p"),
         (lambda: request("bad", [5], min_tokens=5, max_tokens=2), "min_tokens"),
+        (lambda: request("bad", [5], n=2), "n=1"),
     ],
 )
 def test_bad_request_raises_and_leaves_others_untouched(core, make_bad, message):

@@ -95,6 +95,9 @@ class LLM:
 
     def _validate(self, req: wire.EngineCoreRequest) -> None:
         req.sampling_params.verify()
+        if req.sampling_params.n != 1:
+            raise ValueError(f"LLM.generate takes n=1, got n={req.sampling_params.n}; repeat the "
+                             "prompt (with different seeds) for several samples.")
         core = self.client.engine_core
         if not req.prompt_token_ids:
             raise ValueError("a prompt is empty; send at least one token.")

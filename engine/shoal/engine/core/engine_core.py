@@ -62,6 +62,9 @@ class EngineCore:
         """Validate and queue one request; ValueError (saying what to change) if it is bad."""
         params = request.sampling_params
         params.verify()
+        if params.n != 1:
+            raise ValueError(f"request {request.request_id}: the engine runs one sequence per "
+                             f"request (n=1), got n={params.n}; fan n out into n requests.")
         prompt = request.prompt_token_ids
         if not prompt:
             raise ValueError(f"request {request.request_id}: the prompt is empty; send at least "

@@ -14,12 +14,15 @@ Contract (vLLM V1 style):
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from shoal.engine import wire
 from shoal.engine.core.kv_cache_manager import KVCacheManager
 from shoal.engine.core.request import Request, RequestStatus
 from shoal.engine.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -67,6 +70,7 @@ class Scheduler:
                 self.running.remove(req)
             else:
                 self.waiting.remove(req)
+            log.debug("request %s finished in the scheduler (%s)", rid, status.name)
             req.status = status
             self._free(req)
             if status.finish_reason is not None:
@@ -132,6 +136,8 @@ class Scheduler:
         return self._make_output(scheduled, preempted)
 
     def _preempt(self, req: Request) -> None:
+        log.info("request %s preempted by recompute (%d tokens to recompute, %d free blocks)",
+                 req.request_id, req.num_tokens, self.kv.num_free_blocks)
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0

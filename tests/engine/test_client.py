@@ -1,0 +1,52 @@
+"""InprocClient (the EngineCoreClient contract in-process) and a bfloat16 engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from shoal.engine import wire
+from shoal.engine.config import EngineConfig
+from shoal.engine.core_client import EngineCoreClient, InprocClient
+
+from .conftest import TEST_KV_BYTES, assert_no_leaks
+
+
+def test_inproc_client_runs_requests_to_completion(tiny_model):
+    client = InprocClient(EngineConfig(model=tiny_model, kv_cache_memory_bytes=TEST_KV_BYTES,
+                                       max_model_len=256))
+    assert isinstance(client, EngineCoreClient)
+    params = wire.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    client.add_request(wire.EngineCoreRequest("a", [5, 6, 7], params, time.time()))
+    client.add_request(wire.EngineCoreRequest("b", [8, 9], params, time.time()))
+    with pytest.raises(ValueError, match="max_tokens"):
+        client.add_request(wire.EngineCoreRequest(
+            "c", [5], wire.SamplingParams(max_tokens=0), time.time()))
+    client.abort_requests(["b"])
+    tokens, finished = {}, {}
+    deadline = time.monotonic() + 60
+    while (client.has_unfinished_requests() or len(finished) < 2) and time.monotonic() < deadline:
+        outputs = client.get_output()
+        for o in outputs.outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                finished[o.request_id] = o.finish_reason
+    assert finished == {"a": wire.FinishReason.LENGTH, "b": wire.FinishReason.ABORT}
+    assert len(tokens["a"]) == 4 and tokens["b"] == []
+    assert client.call_utility("get_kv_stats")["usage"] == 0.0
+    assert_no_leaks(client)
+    client.shutdown()
+    client.shutdown()  # safe twice
+
+
+def test_bfloat16_engine_generates(make_llm, tiny_model):
+    llm = make_llm(tiny_model, dtype="bfloat16", max_model_len=256)
+    k_cache = llm.engine_core.model_executor.worker.model_runner.kv_caches[0][0]
+    assert k_cache.dtype == torch.bfloat16
+    outs = llm.generate([[5, 6, 7], list(range(100, 160))],
+                        wire.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [6, 6]
+    f32 = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    ref = f32.generate([[5, 6, 7]], wire.SamplingParams(temperature=0.0, max_tokens=1))
+    assert outs[0].token_ids[0] == ref[0].token_ids[0]  # the first greedy token survives bf16
