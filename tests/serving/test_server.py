@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 
 import httpx
 import openai
+import psutil
 import pytest
 from serve_helpers import API_KEY, MODEL_NAME, ServeProcess, wait_for
 
@@ -331,3 +334,11 @@ def test_serve_help_explains_every_vllm_flag():
                  "--shutdown-timeout", "--kv-cache-memory-bytes", "--tensor-parallel-size",
                  "--headless", "--nnodes", "--node-rank", "--master-addr", "--master-port"]:
         assert flag in out, flag
+
+
+def test_zz_engine_exits_when_its_frontend_is_killed(server):
+    """Runs last in this module: SIGKILL the frontend; the engine's watchdog must notice."""
+    engine = psutil.Process(server.engine_pid())
+    os.kill(server.proc.pid, signal.SIGKILL)
+    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, 30,
+             "the orphaned engine process to exit")

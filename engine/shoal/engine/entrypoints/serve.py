@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("engine start-up failed: %s", exc)
         write_termination_message(Cause.STARTUP_ERROR, str(exc), exit_code=1)
         return 1
-    except KeyboardInterrupt as exc:
-        logger.info("interrupted during start-up (%s)", exc or "SIGINT")
-        return 1
+    except KeyboardInterrupt as exc:  # a requested stop: not a failure
+        logger.info("stopped during start-up (%s); the engine was stopped", exc or "SIGINT")
+        return 0 if str(exc) == "SIGTERM" else 130
     r = llm.ready
     logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, engine start-up %.1f s",
                 r.num_blocks, r.block_size, r.max_model_len, r.startup_seconds)

@@ -35,9 +35,9 @@ OUTPUT_CHUNK_SIZE = 128
 
 
 def _load_tokenizer(model: str):
-    from transformers import AutoTokenizer
+    from shoal.engine.frontend.tokenizer import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(model)
+    return load_tokenizer(model)
 
 
 def _extra_eos_ids(model: str) -> list[int]:
