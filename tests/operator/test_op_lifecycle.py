@@ -134,6 +134,7 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
         bind(kube, ns, name)  # bound pods are deleted gracefully, as on a real node
     _ready_all(kube, ns, "sc")
     wait_for(lambda: _status(kube, ns, "sc").get("ready") == "2/2", timeout=10, what="2/2 ready")
+    assert {r["node"] for g in _status(kube, ns, "sc")["groups"] for r in g["ranks"]} == {"node-a"}
     scale = kube.request("GET", f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}/sc/scale")
     assert scale["status"]["replicas"] == 2 and "shoal.dev/engine=sc" in scale["status"]["selector"]
 

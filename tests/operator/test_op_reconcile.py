@@ -103,3 +103,30 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         assert len(kube.list("v1", "configmaps", ns, sel)) == 1
     finally:
         op.stop()
+
+
+@pytest.mark.parametrize(
+    "policy, deaths, why",
+    [
+        ({"policy": "Never"}, 1, "restartPolicy.policy is Never"),
+        ({"maxRestarts": 1, "backoffBaseSeconds": 0}, 2, "1 consecutive restarts reached restartPolicy.maxRestarts"),
+    ],
+)
+def test_restart_policy_limits_leave_the_group_failed(control_plane, crd_installed, kube, policy, deaths, why):
+    ns = control_plane.new_namespace("opi")
+    body = create_ie(kube, engine("lim", ns).restart(**policy).manifest())
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    for death in range(deaths):
+        wait_for(lambda: "lim-g0-r0" in pods(kube, ns, "lim"), timeout=10, what="rank 0 pod")
+        terminate(kube, ns, "lim-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, f"death {death}"))
+        r.reconcile(body)  # records the death
+        if death < deaths - 1:
+            wait_for(lambda: not pods(kube, ns, "lim"), timeout=10, what="the group torn down")
+            r.reconcile(body)  # backoff 0: recreated at once
+    st = ie(kube, ns, "lim")["status"]
+    assert st["groups"][0]["phase"] == "Failed" and why in st["groups"][0]["message"]
+    assert st["phase"] == "Failed" and st["lastFailure"]["message"] == f"death {deaths - 1}"
+    r.reconcile(body)
+    assert "lim-g0-r0" in pods(kube, ns, "lim"), "the failed pod is kept for its logs"
+    assert ie(kube, ns, "lim")["status"]["groups"][0]["phase"] == "Failed"

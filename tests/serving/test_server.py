@@ -336,6 +336,14 @@ def test_serve_help_explains_every_vllm_flag():
         assert flag in out, flag
 
 
+def test_the_api_server_process_does_not_load_torch(server):
+    """Only the engine process pays for torch; the frontend tokenizes with `tokenizers`."""
+    frontend = [m.path for m in psutil.Process(server.proc.pid).memory_maps()]
+    engine = [m.path for m in psutil.Process(server.engine_pid()).memory_maps()]
+    assert any("libtorch" in p for p in engine)
+    assert not any("libtorch" in p for p in frontend)
+
+
 def test_zz_engine_exits_when_its_frontend_is_killed(server):
     """Runs last in this module: SIGKILL the frontend; the engine's watchdog must notice."""
     engine = psutil.Process(server.engine_pid())

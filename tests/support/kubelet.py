@@ -250,21 +250,26 @@ def set_waiting(
     message: str = "",
     container: str | None = None,
 ) -> client.V1Pod:
-    """A container stuck before running (image pull, config error); pod stays Pending."""
+    """A container stuck before running (image pull, config error); other containers keep
+    their state. The pod is Pending unless it was already Running (then it stays Running)."""
     pod = _read(core, name, namespace)
     names = _container_names(pod, container)
     target = container or names[0]
     old = _existing_statuses(core, pod)
     statuses = []
     for n in names:
-        st = _base_status(pod, n, old)
+        st = old.get(n) or _base_status(pod, n, old)
         if n == target:
+            st = _base_status(pod, n, old)
             st["state"] = {
                 "waiting": {"reason": reason, **({"message": message} if message else {})}
             }
+            if old.get(n, {}).get("lastState"):
+                st["lastState"] = old[n]["lastState"]
         statuses.append(st)
+    was_running = bool(pod.status and pod.status.phase == "Running")
     status = {
-        "phase": "Pending",
+        "phase": "Running" if was_running else "Pending",
         "conditions": [
             _condition("Initialized", True),
             _condition("Ready", False, "ContainersNotReady"),
