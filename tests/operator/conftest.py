@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from op_support import OperatorProcess
+from op_support import OperatorProcess, cleanup_namespace
 from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
@@ -55,10 +55,20 @@ def operator(control_plane, crd_installed, tmp_path_factory):
 
 @pytest.fixture
 def ns(control_plane, operator, kube, request):
+    """A namespace the shared operator watches; the operator's log is printed on failure."""
     name = control_plane.new_namespace("opt")
     yield name
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         print(operator.tail())
+    cleanup_namespace(kube, name)
+
+
+@pytest.fixture
+def quiet_ns(control_plane, crd_installed, kube):
+    """A namespace no operator watches (in-process reconciler tests)."""
+    name = control_plane.new_namespace("opi")
+    yield name
+    cleanup_namespace(kube, name)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -107,3 +107,15 @@ def api_error(fn) -> ApiException:
 def settle(pred, timeout=20.0, what=""):
     return wait_for(pred, timeout=timeout, interval=0.2, what=what)
 
+
+
+def cleanup_namespace(kube: Kube, ns: str) -> None:
+    """Leave nothing that keeps an operator busy: delete the InferenceEngines without waiting
+    for their ordered shutdown (no kubelet will finish bound pods), force-delete the engine
+    pods, then delete the namespace."""
+    for obj in kube.list(L.API_VERSION, L.PLURAL, ns):
+        kube.delete(L.API_VERSION, L.PLURAL, ns, obj["metadata"]["name"])
+        kube.patch(L.API_VERSION, L.PLURAL, ns, obj["metadata"]["name"], {"metadata": {"finalizers": None}})
+    for pod in kube.list("v1", "pods", ns, f"{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"):
+        kube.delete("v1", "pods", ns, pod["metadata"]["name"], grace_seconds=0)
+    kube.delete("v1", "namespaces", None, ns)

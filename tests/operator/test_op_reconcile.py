@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from op_builders import engine
 from op_kubelet import set_ready, terminate
-from op_support import OperatorProcess, create_ie, ie, pods
+from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
 from shoal.engine.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
@@ -25,8 +25,8 @@ def _writes(r: Reconciler) -> dict:
     return {f"{v} {p}": n for (v, p), n in r.kube.writes.items()}
 
 
-def test_a_second_pass_writes_nothing(control_plane, crd_installed, kube):
-    ns = control_plane.new_namespace("opi")
+def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube):
+    ns = quiet_ns
     body = create_ie(kube, engine("idem", ns).groups(2).ranks(2).manifest())
     r = _fresh(control_plane)
     r.reconcile(body)
@@ -50,8 +50,8 @@ def test_a_second_pass_writes_nothing(control_plane, crd_installed, kube):
     assert _writes(r) == {}
 
 
-def test_a_recorded_death_is_acted_on_once(control_plane, crd_installed, kube):
-    ns = control_plane.new_namespace("opi")
+def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube):
+    ns = quiet_ns
     body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600, backoffMaxSeconds=600).manifest())
     r = _fresh(control_plane)
     r.reconcile(body)
@@ -69,9 +69,9 @@ def test_a_recorded_death_is_acted_on_once(control_plane, crd_installed, kube):
 
 def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd_installed, kube, tmp_path):
     log = tmp_path / "operator.log"
+    ns = control_plane.new_namespace("opr")
     op = OperatorProcess(control_plane, "opr-*", log).start()
     try:
-        ns = control_plane.new_namespace("opr")
         create_ie(kube, engine("rs", ns).groups(3).ranks(2).restart(backoffBaseSeconds=3).manifest())
         wait_for(lambda: len(pods(kube, ns, "rs")) == 6, timeout=20, what="6 pods")
         for name in pods(kube, ns, "rs"):
@@ -102,6 +102,7 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         assert len(kube.list("v1", "services", ns, sel)) == 2
         assert len(kube.list("v1", "configmaps", ns, sel)) == 1
     finally:
+        cleanup_namespace(kube, ns)
         op.stop()
 
 
@@ -112,8 +113,8 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         ({"maxRestarts": 1, "backoffBaseSeconds": 0}, 2, "1 consecutive restarts reached restartPolicy.maxRestarts"),
     ],
 )
-def test_restart_policy_limits_leave_the_group_failed(control_plane, crd_installed, kube, policy, deaths, why):
-    ns = control_plane.new_namespace("opi")
+def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, kube, policy, deaths, why):
+    ns = quiet_ns
     body = create_ie(kube, engine("lim", ns).restart(**policy).manifest())
     r = _fresh(control_plane)
     r.reconcile(body)
