@@ -202,10 +202,10 @@ for cmd in kube-apiserver kube-controller-manager; do
     install -m 0755 "${WORK}/out/${cmd}" "${BIN_DIR}/${cmd}.new"
     mv -f "${BIN_DIR}/${cmd}.new" "${BIN_DIR}/${cmd}"
 done
-"${BIN_DIR}/kube-apiserver" --version >&2 || die "built kube-apiserver does not run"
-if grep -aq 'v0.0.0-master' "${BIN_DIR}/kube-apiserver"; then
-    die "kube-apiserver still carries a v0.0.0-master version string (ldflags -X missed a package)"
-fi
+reported=$("${BIN_DIR}/kube-apiserver" --version) || die "built kube-apiserver does not run"
+[ "$reported" = "Kubernetes ${K8S_GIT_VERSION}" ] \
+    || die "built kube-apiserver reports '${reported}', expected 'Kubernetes ${K8S_GIT_VERSION}'"
+log "built: ${reported}"
 echo "$STAMP_TEXT" >"$STAMP"
 echo "$(( $(date +%s) - T0 ))" >"${K8S_CACHE}/build-seconds"
 
