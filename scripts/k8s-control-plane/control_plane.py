@@ -483,17 +483,30 @@ class ControlPlane:
         os.replace(tmp, self.root / "state.json")
 
 
-def ensure_built(log_path: Path | None = None) -> None:
-    """Run build.sh (a no-op on a warm cache); raise with its last output lines on failure."""
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    try:
-        res = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=out, stderr=subprocess.STDOUT)
-    finally:
-        if log_path:
-            out.close()
-    if res.returncode != 0:
-        tail = _log_tail(log_path, 40) if log_path else ""
-        raise ControlPlaneError(f"{BUILD_SCRIPT} failed (exit {res.returncode}):\n{tail}")
+def ensure_built(log_path: Path, progress=None) -> None:
+    """Run build.sh (a no-op on a warm cache), output to `log_path`; `progress(line)` gets its
+    "[k8s-build ...]" step lines. Raises with the last output lines on failure."""
+    tail: list[str] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            ["bash", str(BUILD_SCRIPT)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            tail = (tail + [line.rstrip("\n")])[-40:]
+            if progress is not None and line.startswith("[k8s-build"):
+                progress(line.rstrip("\n"))
+        rc = proc.wait()
+    if rc != 0:
+        body = "\n".join(tail)
+        raise ControlPlaneError(f"{BUILD_SCRIPT} failed (exit {rc}; log {log_path}):\n{body}")
 
 
 def stop_dir(root: Path, grace: float = 10.0) -> int:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -106,17 +108,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             f"control plane: building kube-apiserver/kube-controller-manager "
             f"({SCRIPTS / 'build.sh'}; first build takes 10-20 minutes)"
         )
-    log = cpmod.cache_dir().parent / "k8s-build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        cpmod.ensure_built(log)
-    except cpmod.ControlPlaneError as exc:
-        _build_error = str(exc)
+        log = _build_log_path()
+        cpmod.ensure_built(log, progress=tr.write_line if tr is not None else None)
+    except (cpmod.ControlPlaneError, OSError, subprocess.SubprocessError) as exc:
+        _build_error = (
+            f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, cpmod.ControlPlaneError)
+            else str(exc)
+        )
+        if tr is not None:
+            tr.write_line("control plane: build failed; tests using control_plane will error")
     else:
         _build_done = True
         if tr is not None and time.monotonic() - t0 > 5:
             tr.write_line(f"control plane: built in {time.monotonic() - t0:.0f}s (log {log})")
+
+
+def _build_log_path() -> Path:
+    """The build's log next to the cache, or in /tmp if the cache cannot be created."""
+    try:
+        cpmod.cache_dir().parent.mkdir(parents=True, exist_ok=True)
+        return cpmod.cache_dir().parent / "k8s-build.log"
+    except OSError:
+        fd, path = tempfile.mkstemp(prefix="shoal-k8s-build-", suffix=".log")
+        os.close(fd)
+        return Path(path)
 
 
 def _gc_probe(handle: ControlPlaneHandle, timeout: float) -> None:
@@ -178,8 +196,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory):
     if not _build_done and not cpmod.binaries_present():
         # Collected without the hook (e.g. a plugin ordering quirk): build here instead.
         try:
-            cpmod.ensure_built(cpmod.cache_dir().parent / "k8s-build.log")
-        except cpmod.ControlPlaneError as exc:
+            cpmod.ensure_built(_build_log_path())
+        except (cpmod.ControlPlaneError, OSError, subprocess.SubprocessError) as exc:
             pytest.fail(f"control plane build failed:\n{exc}", pytrace=False)
 
     root = tmp_path_factory.mktemp("control-plane")
