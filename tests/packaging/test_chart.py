@@ -242,3 +242,13 @@ def test_chart_readme_documents_every_value():
     assert keys <= table, f"undocumented in charts/shoal/README.md: {sorted(keys - table)}"
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert set(values) == set(schema["properties"]), "values.yaml and values.schema.json disagree"
+
+
+def test_packaged_chart_renders_like_the_source(k8s_tools, helm_template, tmp_path):
+    """`helm package` keeps every file the templates need (.helmignore drops none of them)."""
+    proc = run([k8s_tools.helm, "package", CHART, "--destination", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    (tgz,) = tmp_path.glob("shoal-*.tgz")
+    out = run([k8s_tools.helm, "template", "shoal", tgz, "--namespace", "shoal-system", "--include-crds"])
+    assert out.returncode == 0, out.stderr
+    assert [d for d in yaml.safe_load_all(out.stdout) if d] == helm_template("--include-crds")
