@@ -60,6 +60,11 @@ def _pod_names(core: client.CoreV1Api, ns: str, app: str) -> list[str]:
     )
 
 
+def _sts_status(apps: client.AppsV1Api, ns: str, name: str) -> dict:
+    sts = apps.read_namespaced_stateful_set(name, ns)
+    return apps.api_client.sanitize_for_serialization(sts.status) or {}
+
+
 @pytest.fixture(scope="module")
 def widget_crd(control_plane):
     """A namespaced CRD with a structural schema, established before use, deleted after."""
@@ -188,9 +193,16 @@ def test_statefulset_controller_creates_pods_in_order(api, ns):
     wait_for(
         lambda: _pod_names(core, ns, "ordered") == ["ordered-0"], timeout=30, what="pod ordered-0"
     )
-    # OrderedReady: ordered-1 waits for ordered-0 to be Running and Ready. Nobody but the
-    # test (as kubelet) can make it so; the check after Ready shows the controller reacted.
+    # OrderedReady: ordered-1 waits for ordered-0 to be Running and Ready, which nobody but
+    # the test (as kubelet) can make so. A controller sync creates all the pods it may and then
+    # writes status, so once status counts one replica, a second pod would already exist.
+    wait_for(
+        lambda: _sts_status(apps, ns, "ordered").get("replicas", 0) >= 1,
+        timeout=30,
+        what="StatefulSet status.replicas >= 1",
+    )
     assert _pod_names(core, ns, "ordered") == ["ordered-0"]
+    assert _sts_status(apps, ns, "ordered")["replicas"] == 1
     kubelet.set_ready(core, "ordered-0", ns)
     wait_for(
         lambda: _pod_names(core, ns, "ordered") == ["ordered-0", "ordered-1"],
@@ -199,7 +211,7 @@ def test_statefulset_controller_creates_pods_in_order(api, ns):
     )
     kubelet.set_ready(core, "ordered-1", ns)
     wait_for(
-        lambda: apps.read_namespaced_stateful_set("ordered", ns).status.ready_replicas == 2,
+        lambda: _sts_status(apps, ns, "ordered").get("readyReplicas") == 2,
         timeout=30,
         what="StatefulSet readyReplicas == 2",
     )
