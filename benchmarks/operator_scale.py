@@ -164,6 +164,14 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
 
         _until(all_ready, 600, "every engine Ready", interval=0.5)
         t_ready = time.monotonic() - t1
+
+        # Delete every engine: the operator stops each group in rank order and then removes its
+        # finalizer (pods are unscheduled here, so each stop completes at once).
+        t2 = time.monotonic()
+        with cf.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda i: kube.delete(L.API_VERSION, L.PLURAL, ns, f"e{i:04d}"), range(n)))
+        _until(lambda: not kube.request("GET", url)["items"], 600, "every engine deleted", interval=0.5)
+        t_deleted = time.monotonic() - t2
         cpu = sampler.cpu_seconds() - cpu0
         sampler.stop.set()
     finally:
@@ -177,6 +185,7 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
     kube.request("DELETE", f"/api/v1/namespaces/{ns}")
     return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
             "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
+            "delete_s": t_deleted,
             "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes}
 
 
@@ -188,7 +197,8 @@ def table(r: dict) -> str:
         ("all children created", f"{r['children_s']:.1f} s after the first POST"),
         ("kubelet: all pods marked ready", f"{r['kubelet_s']:.1f} s"),
         ("all engines Ready", f"{r['ready_s']:.1f} s after the first pod status patch"),
-        ("operator CPU", f"{r['cpu_s']:.1f} s"),
+        ("all engines deleted (finalizers done)", f"{r['delete_s']:.1f} s after the first DELETE"),
+        ("operator CPU (create..delete)", f"{r['cpu_s']:.1f} s"),
         ("operator peak RSS", f"{r['peak_rss_mib']:.0f} MiB"),
     ]
     total = sum(r["writes"].values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 import kopf
@@ -27,6 +28,7 @@ log = logging.getLogger("shoal.operator")
 RESYNC_SECONDS = float(os.environ.get("SHOAL_RESYNC_SECONDS", "10"))
 FULL_RESYNC_SECONDS = float(os.environ.get("SHOAL_FULL_RESYNC_SECONDS", str(max(60.0, RESYNC_SECONDS))))
 _state: dict = {}
+_stats_lock = threading.Lock()
 
 
 def reconciler() -> Reconciler:
@@ -55,11 +57,16 @@ def write_stats(**_):
     """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the write counts for the benchmark:
     after passes (at most once a second) and at exit."""
     path = os.environ.get("SHOAL_OPERATOR_STATS_FILE")
-    if path and "r" in _state:
+    if not path or "r" not in _state:
+        return
+    with _stats_lock:  # handlers run in a thread pool
         writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(_state["r"].kube.writes.items())}
-        with open(path + ".tmp", "w") as f:
-            json.dump({"writes": writes}, f)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump({"writes": writes}, f)
+            os.replace(path + ".tmp", path)
+        except OSError as e:  # a report, never a reason to fail a handler
+            log.warning("could not write %s: %s", path, e)
         _state["stats_at"] = time.monotonic()
 
 
