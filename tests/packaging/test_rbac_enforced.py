@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,8 +126,8 @@ class Operator:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
     def forbidden(self) -> list[str]:
-        return [line for line in self.log.read_text(errors="replace").splitlines()
-                if "forbidden" in line.lower() or " 403" in line]
+        denied = re.compile(r"forbidden|status=403|'code': 403", re.IGNORECASE)
+        return [line for line in self.log.read_text(errors="replace").splitlines() if denied.search(line)]
 
     def stop(self) -> int:
         if self.proc.poll() is None:
