@@ -75,11 +75,14 @@ async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Res
 
 
 class RssSampler:
-    """Peak RSS of the server's frontend process and of its engine child(ren)."""
+    """Peak RSS of the server's frontend process and of its engine child(ren), and the CPU
+    seconds each spent during the run (which process is the bottleneck)."""
 
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.frontend = self.engine = 0
+        self.cpu_start: tuple[float, float] | None = None
+        self.cpu_end: tuple[float, float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -88,8 +91,14 @@ class RssSampler:
             try:
                 proc = psutil.Process(self.pid)
                 self.frontend = max(self.frontend, proc.memory_info().rss)
-                kids = sum(k.memory_info().rss for k in proc.children(recursive=True))
+                children = proc.children(recursive=True)
+                kids = sum(k.memory_info().rss for k in children)
                 self.engine = max(self.engine, kids)
+                cpu = (sum(proc.cpu_times()[:2]),
+                       sum(sum(k.cpu_times()[:2]) for k in children))
+                if self.cpu_start is None:
+                    self.cpu_start = cpu
+                self.cpu_end = cpu
             except psutil.Error:
                 pass
             self._stop.wait(0.25)
@@ -213,6 +222,9 @@ def main() -> None:
     if args.server_pid:
         print(f"| frontend RSS peak (MiB) | {rss.frontend / 2**20:.0f} |")
         print(f"| engine RSS peak (MiB) | {rss.engine / 2**20:.0f} |")
+        if rss.cpu_start and rss.cpu_end:
+            fe, en = (b - a for a, b in zip(rss.cpu_start, rss.cpu_end, strict=True))
+            print(f"| CPU seconds frontend / engine | {fe:.0f} / {en:.0f} |")
     if r["first_error"]:
         print(f"first error: {r['first_error']}")
     if args.json:

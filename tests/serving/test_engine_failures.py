@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import zmq
 from serve_helpers import MODEL_NAME, wait_for
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
@@ -44,10 +45,12 @@ def _run_to_finish(client: SyncMPClient, request_id: str) -> list[int]:
 def test_sync_client_serves_then_reports_an_engine_exception_with_its_root_cause(
         tiny_model, tmp_path):
     term = tmp_path / "termination-log"
+    # Over tcp:// (as across hosts): the frontend binds on the host, the engine connects.
     client = SyncMPClient(
-        EngineConfig(model=tiny_model, kv_cache_memory_bytes=64 << 20),
+        EngineConfig(model=tiny_model, kv_cache_memory_bytes=64 << 20), host="127.0.0.1",
         env={"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_TERMINATION_LOG": str(term)})
     try:
+        assert client.engine.input.getsockopt_string(zmq.LAST_ENDPOINT).startswith("tcp://")
         assert client.max_model_len == 2048 and client.num_blocks > 1
         params = wire.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
         client.add_request(wire.EngineCoreRequest("r1", [0, 40, 41, 42], params, time.time()))

@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     from shoal.engine.mp_client import EngineDeadError, EngineStartupError
 
     logger.info("starting engine for %s (loading tokenizer meanwhile)", args.model)
+    # The HTTP stack imports while the engine loads its weights, not after.
+    import threading
+
+    threading.Thread(target=_import_http_stack, name="import-http", daemon=True).start()
     try:
         llm = AsyncLLM(config, served_model_name=names[0], shutdown_timeout=args.shutdown_timeout,
                        host=args.engine_host, log_level=args.log_level)
@@ -172,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, engine start-up %.1f s",
                 r.num_blocks, r.block_size, r.max_model_len, r.startup_seconds)
     return asyncio.run(_serve(llm, args, names, started))
+
+
+def _import_http_stack() -> None:
+    import shoal.engine.entrypoints.api_server  # noqa: F401
+    import uvicorn  # noqa: F401
 
 
 def _write_dead(exc) -> None:
