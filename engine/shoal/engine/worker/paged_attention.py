@@ -57,6 +57,37 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, buffer: torch.Tensor |
     return torch.index_select(flat, 0, block_ids, out=out)
 
 
+# Decode rows are attended in groups whose gathered K/V (about this many bytes) stay in the CPU
+# cache between the gather and the attention that reads them, instead of one batch-wide gather
+# that streams through main memory twice.
+DECODE_GROUP_BYTES = 1 << 20
+
+
+def _decode_attention(qd, k_cache, v_cache, meta: PagedAttentionMetadata, scaling):
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    rows, width = meta.decode_block_table.shape
+    ctx = width * block_size
+    # GQA without expanding K/V: the query heads that share a KV head become that head's
+    # query rows (one mask row serves them all, since a decode row has one position).
+    q = qd.reshape(rows, num_kv_heads, -1, head_dim)
+    row_bytes = 2 * ctx * num_kv_heads * head_dim * k_cache.element_size()
+    group = rows if k_cache.is_cuda else max(1, DECODE_GROUP_BYTES // row_bytes)
+    out = q.new_empty(q.shape) if group < rows else None
+    kbuf, vbuf = meta.gather_buffers
+    for start in range(0, rows, group):
+        end = min(start + group, rows)
+        ids = meta.decode_block_table[start:end].reshape(-1)
+        shape = (end - start, ctx, num_kv_heads, head_dim)
+        kd = _gather(k_cache, ids, kbuf).view(shape).transpose(1, 2)  # [n, Hkv, L, hd]
+        vd = _gather(v_cache, ids, vbuf).view(shape).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[start:end], kd, vd,
+                                           attn_mask=meta.decode_mask[start:end], scale=scaling)
+        if out is None:
+            return o.reshape(rows, -1, head_dim)
+        out[start:end] = o
+    return out.reshape(rows, -1, head_dim)
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, Hq, T, D]
@@ -83,19 +114,7 @@ def paged_attention_forward(
     out = q.new_empty(q.shape) if not meta.all_decode else None
     if meta.decode_token_idx is not None:
         qd = q if meta.all_decode else q.index_select(0, meta.decode_token_idx)
-        rows, width = meta.decode_block_table.shape
-        shape = (rows, width * block_size, num_kv_heads, head_dim)
-        kd = _gather(k_cache, meta.decode_block_table.view(-1), meta.gather_buffers[0])
-        vd = _gather(v_cache, meta.decode_block_table.view(-1), meta.gather_buffers[1])
-        kd = kd.view(shape).transpose(1, 2)  # [D, Hkv, L, hd]
-        vd = vd.view(shape).transpose(1, 2)
-        # GQA without expanding K/V: the query heads that share a KV head become that head's
-        # query rows (one mask row serves them all, since a decode row has one position).
-        groups = q.shape[1] // num_kv_heads
-        od = F.scaled_dot_product_attention(
-            qd.reshape(rows, num_kv_heads, groups, head_dim), kd, vd,
-            attn_mask=meta.decode_mask, scale=scaling,
-        ).reshape(rows, -1, head_dim)  # [D, Hq, hd]
+        od = _decode_attention(qd, k_cache, v_cache, meta, scaling)  # [D, Hq, hd]
         if meta.all_decode:
             return od.unsqueeze(0), None
         out.index_copy_(0, meta.decode_token_idx, od)
