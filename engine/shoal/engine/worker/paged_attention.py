@@ -9,7 +9,8 @@ The batch is packed: one sequence of shape [1, T] holding every scheduled token 
 request, with per-token positions. Per-step metadata (`PagedAttentionMetadata`, built once and
 passed to every layer as the `shoal_attn` keyword) says where each token's K/V goes in the paged
 cache (slot mapping) and which cached keys each query attends to (block tables):
-- decode rows (one new token) are attended together, padded to the longest context and masked;
+- decode rows (one new token) are attended in cache-sized groups, padded to the longest context
+  and masked;
 - prefill chunks (several new tokens) are attended one request at a time; a chunk with no
   cached context uses plain causal attention on its own K/V, without touching the cache.
 """
