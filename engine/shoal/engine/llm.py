@@ -62,6 +62,8 @@ class LLM:
         A bad prompt or parameter raises ValueError before anything is submitted."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not prompts:
+            return []
         if sampling_params is None:
             sampling_params = wire.SamplingParams()
         params = (sampling_params if isinstance(sampling_params, list)
