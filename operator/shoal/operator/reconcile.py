@@ -28,29 +28,26 @@ from shoal.operator import labels as L
 from shoal.operator.backoff import restart_delay, restarts_exhausted
 from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
 from shoal.operator.kube import Kube
+from shoal.operator.observed import (
+    PassState,
+    iso,
+    no_empty_strings,
+    owned_by,
+    parse_time,
+    pod_ready,
+    ranks_status,
+    ref,
+    revision_of,
+    status_differs,
+    vanished,
+)
+from shoal.operator.shutdown import OrderedStop
 from shoal.operator.status import summarize
 from shoal.operator.validation import spec_problems
 
 log = logging.getLogger("shoal.operator.reconcile")
 
 SINGLETON_CACHE_SECONDS = 60.0
-
-
-def _iso(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-
-
-def pod_ready(pod: dict) -> bool:
-    if is_stopping(pod) or (pod.get("status") or {}).get("phase") != "Running":
-        return False
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
 @dataclass
@@ -62,7 +59,7 @@ class Outcome:
     status: dict = field(default_factory=dict)
 
 
-class Reconciler:
+class Reconciler(OrderedStop):
     """Holds the API client, a clock, the PDB API version found by discovery and a short-lived
     cache of singleton hashes (so a quiet pass does no GET per singleton)."""
 
@@ -123,14 +120,14 @@ class Reconciler:
         problems = spec_problems(name, spec)
         replicas = 0 if deleting else int(spec.get("replicas", 1))
         rev = render.engine_revision(spec)
-        st = _PassState(body=body, now=now, rev=rev, old_status=old_status,
+        st = PassState(body=body, now=now, rev=rev, old_status=old_status,
                         last_failure=old_status.get("lastFailure"),
                         restart_count=int(old_status.get("restartCount", 0)), deleting=deleting,
                         serving={int(g["index"]) for g in old_status.get("groups") or []
                                  if g.get("phase") == "Ready" and int(g["index"]) < replicas})
 
         pods = self.kube.list("v1", "pods", ns, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}")
-        pods = [p for p in pods if _owned_by(p, meta.get("uid"))]
+        pods = [p for p in pods if owned_by(p, meta.get("uid"))]
         by_group: dict[int, dict[int, dict]] = {}
         for p in pods:
             lbl = p["metadata"]["labels"]
@@ -155,7 +152,7 @@ class Reconciler:
                 new = self._group(st, g, mem, gpods, replicas)
             if new is not None:
                 seen = {**by_group.get(g, {}), **st.created.get(g, {})}
-                new["ranks"] = _ranks(seen if new.get("phase") != "BackingOff" else {})
+                new["ranks"] = ranks_status(seen if new.get("phase") != "BackingOff" else {})
                 groups.append(new)
 
         # Rolling update: at most one group stops for an update at a time, and only when every
@@ -169,7 +166,7 @@ class Reconciler:
 
         phase, conditions = summarize(
             replicas=replicas, groups=groups, problems=problems, deleting=deleting,
-            last_failure=st.last_failure, generation=meta.get("generation", 0), now=_iso(now),
+            last_failure=st.last_failure, generation=meta.get("generation", 0), now=iso(now),
             previous=old_status.get("conditions") or [])
         status = {
             "observedGeneration": meta.get("generation", 0),
@@ -187,8 +184,8 @@ class Reconciler:
         }
         if st.last_failure:
             status["lastFailure"] = st.last_failure
-        status = _no_empty_strings(status)
-        if _differs(old_status, status):
+        status = no_empty_strings(status)
+        if status_differs(old_status, status):
             patch = dict(status)
             if old_status.get("lastFailure") and st.last_failure:  # merge-patch: clear stale keys
                 patch["lastFailure"] = {k: None for k in old_status["lastFailure"]} | st.last_failure
@@ -227,7 +224,7 @@ class Reconciler:
 
     # ---- groups --------------------------------------------------------------------------
 
-    def _group(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], replicas: int) -> dict:
+    def _group(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], replicas: int) -> dict:
         spec = render.spec_of(st.body)
         nodes = int(spec.get("nodesPerGroup", 1))
         mem = {**mem, "index": g}
@@ -236,13 +233,13 @@ class Reconciler:
         death = root_cause(list(pods.values()))
         if death is None and pods and mem.get("phase") == "Ready" and len(pods) < nodes and not any(
                 is_stopping(p) for p in pods.values()):
-            death = _vanished(st, g, mem, pods, nodes)
+            death = vanished(st, g, mem, pods, nodes)
         if death and death.key != mem.get("failureKey"):
             return self._on_death(st, g, mem, pods, death)
 
         phase = mem.get("phase")
         if phase == "Failed":
-            if _revision(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
+            if revision_of(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
                 # The spec changed since the permanent failure: try again from scratch.
                 self._teardown(st, pods, grace=0)
                 mem.update(phase="Pending", restarts=0, message="spec changed; recreating")
@@ -254,7 +251,7 @@ class Reconciler:
             if pods:
                 self._teardown(st, pods, grace=0)
                 return mem
-            due = _parse(mem.get("nextRestartTime"))
+            due = parse_time(mem.get("nextRestartTime"))
             if due and st.now < due:
                 st.requeue((due - st.now).total_seconds())
                 return mem
@@ -272,14 +269,14 @@ class Reconciler:
         if len(pods) < nodes:  # a create that did not finish: complete the group
             return self._create(st, g, mem, existing=pods)
 
-        mem["revision"] = _revision(pods) or st.rev
+        mem["revision"] = revision_of(pods) or st.rev
         if all(pod_ready(p) for p in pods.values()):
             if mem.get("phase") != "Ready":
-                mem["readySince"] = _iso(st.now)
-                log.info("%s group %d ready (%d ranks)", _ref(st.body), g, nodes)
+                mem["readySince"] = iso(st.now)
+                log.info("%s group %d ready (%d ranks)", ref(st.body), g, nodes)
             mem.update(phase="Ready", message=f"all {nodes} ranks ready")
             reset = int((spec.get("restartPolicy") or {}).get("resetAfterSeconds", 600))
-            since = _parse(mem.get("readySince"))
+            since = parse_time(mem.get("readySince"))
             if mem.get("restarts") and since and (st.now - since).total_seconds() >= reset:
                 mem["restarts"] = 0
         else:
@@ -288,7 +285,7 @@ class Reconciler:
             mem.pop("readySince", None)
         return mem
 
-    def _on_death(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
+    def _on_death(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
         spec = render.spec_of(st.body)
         rp = spec.get("restartPolicy") or {}
         st.last_failure = death.to_status()
@@ -302,7 +299,7 @@ class Reconciler:
             why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
                    else "restartPolicy.policy is Never" if rp.get("policy") == "Never"
                    else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
-            mem.update(phase="Failed", revision=_revision(pods) or st.rev,
+            mem.update(phase="Failed", revision=revision_of(pods) or st.rev,
                        message=f"rank {death.rank} {death.cause}: not restarting: {why}")
             events.emit(self.kube, st.body, events.WARNING, "RestartSkipped",
                         f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
@@ -312,7 +309,7 @@ class Reconciler:
         restarts += 1
         delay = restart_delay(restarts, int(rp.get("backoffBaseSeconds", 10)), int(rp.get("backoffMaxSeconds", 300)))
         st.restart_count += 1
-        mem.update(phase="BackingOff", restarts=restarts, nextRestartTime=_iso(st.now + dt.timedelta(seconds=delay)),
+        mem.update(phase="BackingOff", restarts=restarts, nextRestartTime=iso(st.now + dt.timedelta(seconds=delay)),
                    message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
         events.emit(self.kube, st.body, events.NORMAL, "GroupRestarting",
                     f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
@@ -321,12 +318,12 @@ class Reconciler:
         st.requeue(delay)
         return mem
 
-    def _watch_only(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+    def _watch_only(self, st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
         mem = {**mem, "index": g}
         mem.setdefault("phase", "Pending")
         return mem
 
-    def _create(self, st: _PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
+    def _create(self, st: PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
         existing = existing or {}
         for pod in render.group_pods(st.body, g):
             rank = int(pod["metadata"]["labels"][L.LABEL_RANK])
@@ -336,10 +333,10 @@ class Reconciler:
         mem.update(phase="Starting", revision=st.rev, message=f"0/{nodes} ranks ready")
         for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
             mem.pop(k, None)
-        log.info("%s group %d created %d ranks at revision %s", _ref(st.body), g, nodes, st.rev)
+        log.info("%s group %d created %d ranks at revision %s", ref(st.body), g, nodes, st.rev)
         return mem
 
-    def _teardown(self, st: _PassState, pods: dict[int, dict], grace: int | None) -> None:
+    def _teardown(self, st: PassState, pods: dict[int, dict], grace: int | None) -> None:
         for p in pods.values():
             # A pod already stopping is left alone, unless it must now go faster (grace 0).
             if not is_stopping(p) or (grace == 0 and p["metadata"].get("deletionGracePeriodSeconds") != 0):
@@ -348,63 +345,7 @@ class Reconciler:
 
     # ---- ordered stop: rank 0 drains first, headless ranks stay until it is gone -----------
 
-    def _stop(self, st: _PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
-        mem = {**mem, "index": g}
-        if not pods:
-            if mem.get("drainStartTime"):
-                self._drain_done(st, g, mem)
-            return None if reason in ("scale-down", "delete") else mem
-        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
-        mem.update(phase="Updating" if reason == "update" else "Draining", stopReason=reason)
-        dead = root_cause(list(pods.values()))
-        rank0 = pods.get(0)
-        if timeout == 0 or dead is not None:
-            if not all(is_stopping(p) for p in pods.values()):
-                events.emit(self.kube, st.body, events.NORMAL, "GroupAborted",
-                            f"group {g}: stopping all {len(pods)} ranks at once ({reason}, "
-                            + ("shutdown.timeoutSeconds is 0)" if timeout == 0 else "the engine is dead)"))
-            self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
-            mem["message"] = f"aborting ({reason})"
-            return mem
-        if rank0 is not None:
-            if not is_stopping(rank0):
-                self._withdraw(st, g)  # frontends stop sending before rank 0 stops admitting
-                self.kube.delete("v1", "pods", rank0["metadata"]["namespace"], rank0["metadata"]["name"],
-                                 uid=rank0["metadata"].get("uid"))
-                mem["drainStartTime"] = _iso(st.now)
-                events.emit(self.kube, st.body, events.NORMAL, "DrainStarted",
-                            f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
-                            f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes")
-            started = _parse(mem.get("drainStartTime")) or st.now
-            mem["message"] = (f"rank 0 draining ({reason}), {int((st.now - started).total_seconds())}s "
-                              f"of {timeout}s")
-            st.requeue(2.0)
-            return mem
-        # Rank 0 is gone: its headless ranks have nothing left to serve.
-        if mem.get("drainStartTime"):
-            self._drain_done(st, g, mem)
-        self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
-        mem["message"] = f"stopping headless ranks ({reason})"
-        return mem
-
-    def _withdraw(self, st: _PassState, g: int) -> None:
-        """Rewrite the discovery file without group `g` now, ahead of the end of the pass."""
-        if st.deleting:
-            return
-        st.serving.discard(g)
-        self._apply(st.body, render.discovery_configmap(st.body, sorted(st.serving)))
-
-    def _drain_done(self, st: _PassState, g: int, mem: dict) -> None:
-        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
-        took = (st.now - (_parse(mem.pop("drainStartTime")) or st.now)).total_seconds()
-        if took <= timeout + render.SHUTDOWN_MARGIN_SECONDS:
-            events.emit(self.kube, st.body, events.NORMAL, "DrainFinished",
-                        f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
-        else:
-            events.emit(self.kube, st.body, events.WARNING, "DrainOverdue",
-                        f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")
-
-    def _roll_one(self, st: _PassState, groups: list[dict], by_group: dict[int, dict[int, dict]]) -> None:
+    def _roll_one(self, st: PassState, groups: list[dict], by_group: dict[int, dict[int, dict]]) -> None:
         if any(g["phase"] in ("Updating",) for g in groups):
             return
         if any(g.get("revision") == st.rev and g["phase"] == "Starting" for g in groups):
@@ -416,68 +357,5 @@ class Reconciler:
                 events.emit(self.kube, st.body, events.NORMAL, "GroupUpdating",
                             f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
                 g.update(self._stop(st, g["index"], g, pods, "update"))
-                g["ranks"] = _ranks(pods)
+                g["ranks"] = ranks_status(pods)
                 return
-
-
-@dataclass
-class _PassState:
-    body: dict
-    now: dt.datetime
-    rev: str
-    old_status: dict
-    last_failure: dict | None
-    restart_count: int
-    deleting: bool = False
-    serving: set = field(default_factory=set)  # groups in the discovery file as of now
-    requeue_after: float | None = None
-    created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
-
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.5)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-
-
-def _owned_by(pod: dict, uid: str | None) -> bool:
-    return any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
-
-
-def _revision(pods: dict[int, dict]) -> str | None:
-    revs = {p["metadata"]["labels"].get(L.LABEL_REVISION) for p in pods.values()}
-    return revs.pop() if len(revs) == 1 else (None if not revs else "mixed")
-
-
-def _ranks(pods: dict[int, dict]) -> list[dict]:
-    return [{"rank": r, "pod": p["metadata"]["name"], "node": (p.get("spec") or {}).get("nodeName") or "",
-             "phase": (p.get("status") or {}).get("phase") or "Pending", "ready": pod_ready(p)}
-            for r, p in sorted(pods.items())]
-
-
-def _vanished(st: _PassState, g: int, mem: dict, pods: dict[int, dict], nodes: int) -> Failure:
-    missing = sorted(set(range(nodes)) - set(pods))
-    any_pod = next(iter(pods.values()))
-    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.body["metadata"]["name"], g, missing[0]),
-                   uid=f"missing-{any_pod['metadata'].get('uid')}", node="", exit_code=None, signal=None,
-                   reason="Deleted", cause="unexpected_exit", permanent=False,
-                   message=f"pod of rank {missing[0]} disappeared while the group was ready "
-                           "(deleted or evicted by someone other than the operator)",
-                   time=_iso(st.now))
-
-
-def _ref(body: dict) -> str:
-    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
-
-
-def _no_empty_strings(obj):
-    """Drop "" values: the 1.20 test server decodes them in custom resources as null and then
-    rejects them as not strings; an absent optional field says the same."""
-    if isinstance(obj, dict):
-        return {k: _no_empty_strings(v) for k, v in obj.items() if v != ""}
-    if isinstance(obj, list):
-        return [_no_empty_strings(v) for v in obj]
-    return obj
-
-
-def _differs(old: dict, new: dict) -> bool:
-    """Status changed, ignoring keys that only the operator's clock moves."""
-    return {k: old.get(k) for k in new} != new

@@ -1,0 +1,90 @@
+"""What a pass observed and carries between its steps: pure helpers over pod dicts and the
+per-pass state. No API calls here."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from shoal.operator import labels as L
+from shoal.operator.failures import Failure, is_stopping
+
+
+def iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    if not s:
+        return None
+    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def pod_ready(pod: dict) -> bool:
+    if is_stopping(pod) or (pod.get("status") or {}).get("phase") != "Running":
+        return False
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+@dataclass
+class PassState:
+    body: dict
+    now: dt.datetime
+    rev: str
+    old_status: dict
+    last_failure: dict | None
+    restart_count: int
+    deleting: bool = False
+    serving: set = field(default_factory=set)  # groups in the discovery file as of now
+    requeue_after: float | None = None
+    created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.5)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def owned_by(pod: dict, uid: str | None) -> bool:
+    return any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def revision_of(pods: dict[int, dict]) -> str | None:
+    revs = {p["metadata"]["labels"].get(L.LABEL_REVISION) for p in pods.values()}
+    return revs.pop() if len(revs) == 1 else (None if not revs else "mixed")
+
+
+def ranks_status(pods: dict[int, dict]) -> list[dict]:
+    return [{"rank": r, "pod": p["metadata"]["name"], "node": (p.get("spec") or {}).get("nodeName") or "",
+             "phase": (p.get("status") or {}).get("phase") or "Pending", "ready": pod_ready(p)}
+            for r, p in sorted(pods.items())]
+
+
+def vanished(st: PassState, g: int, mem: dict, pods: dict[int, dict], nodes: int) -> Failure:
+    missing = sorted(set(range(nodes)) - set(pods))
+    any_pod = next(iter(pods.values()))
+    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.body["metadata"]["name"], g, missing[0]),
+                   uid=f"missing-{any_pod['metadata'].get('uid')}", node="", exit_code=None, signal=None,
+                   reason="Deleted", cause="unexpected_exit", permanent=False,
+                   message=f"pod of rank {missing[0]} disappeared while the group was ready "
+                           "(deleted or evicted by someone other than the operator)",
+                   time=iso(st.now))
+
+
+def ref(body: dict) -> str:
+    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+
+
+def no_empty_strings(obj):
+    """Drop "" values: the 1.20 test server decodes them in custom resources as null and then
+    rejects them as not strings; an absent optional field says the same."""
+    if isinstance(obj, dict):
+        return {k: no_empty_strings(v) for k, v in obj.items() if v != ""}
+    if isinstance(obj, list):
+        return [no_empty_strings(v) for v in obj]
+    return obj
+
+
+def status_differs(old: dict, new: dict) -> bool:
+    """Status changed, ignoring keys that only the operator's clock moves."""
+    return {k: old.get(k) for k in new} != new

@@ -1,0 +1,70 @@
+"""Ordered stop of one engine group: rank 0 drains first, its headless ranks stay up until it
+is gone (they are needed for every forward pass), then they stop. Timeout 0, or a dead engine,
+stops every rank at once. Progress and outcome are Events; the group leaves the discovery file
+before rank 0 is asked to stop admitting."""
+
+from __future__ import annotations
+
+from shoal.operator import events, render
+from shoal.operator.failures import is_stopping, root_cause
+from shoal.operator.observed import PassState, iso, parse_time
+
+
+class OrderedStop:
+    """Mixed into Reconciler: uses its `kube`, `_apply` and `_teardown`."""
+
+    def _stop(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
+        mem = {**mem, "index": g}
+        if not pods:
+            if mem.get("drainStartTime"):
+                self._drain_done(st, g, mem)
+            return None if reason in ("scale-down", "delete") else mem
+        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
+        mem.update(phase="Updating" if reason == "update" else "Draining", stopReason=reason)
+        dead = root_cause(list(pods.values()))
+        rank0 = pods.get(0)
+        if timeout == 0 or dead is not None:
+            if not all(is_stopping(p) for p in pods.values()):
+                events.emit(self.kube, st.body, events.NORMAL, "GroupAborted",
+                            f"group {g}: stopping all {len(pods)} ranks at once ({reason}, "
+                            + ("shutdown.timeoutSeconds is 0)" if timeout == 0 else "the engine is dead)"))
+            self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
+            mem["message"] = f"aborting ({reason})"
+            return mem
+        if rank0 is not None:
+            if not is_stopping(rank0):
+                self._withdraw(st, g)  # frontends stop sending before rank 0 stops admitting
+                self.kube.delete("v1", "pods", rank0["metadata"]["namespace"], rank0["metadata"]["name"],
+                                 uid=rank0["metadata"].get("uid"))
+                mem["drainStartTime"] = iso(st.now)
+                events.emit(self.kube, st.body, events.NORMAL, "DrainStarted",
+                            f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
+                            f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes")
+            started = parse_time(mem.get("drainStartTime")) or st.now
+            mem["message"] = (f"rank 0 draining ({reason}), {int((st.now - started).total_seconds())}s "
+                              f"of {timeout}s")
+            st.requeue(2.0)
+            return mem
+        # Rank 0 is gone: its headless ranks have nothing left to serve.
+        if mem.get("drainStartTime"):
+            self._drain_done(st, g, mem)
+        self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
+        mem["message"] = f"stopping headless ranks ({reason})"
+        return mem
+
+    def _withdraw(self, st: PassState, g: int) -> None:
+        """Rewrite the discovery file without group `g` now, ahead of the end of the pass."""
+        if st.deleting:
+            return
+        st.serving.discard(g)
+        self._apply(st.body, render.discovery_configmap(st.body, sorted(st.serving)))
+
+    def _drain_done(self, st: PassState, g: int, mem: dict) -> None:
+        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
+        took = (st.now - (parse_time(mem.pop("drainStartTime")) or st.now)).total_seconds()
+        if took <= timeout + render.SHUTDOWN_MARGIN_SECONDS:
+            events.emit(self.kube, st.body, events.NORMAL, "DrainFinished",
+                        f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
+        else:
+            events.emit(self.kube, st.body, events.WARNING, "DrainOverdue",
+                        f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")
