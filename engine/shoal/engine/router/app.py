@@ -1,0 +1,145 @@
+"""The router's HTTP surface (FastAPI): the OpenAI routes are forwarded to a group by `Proxy`;
+/v1/models, /health, /version and /metrics are answered here.
+
+Objects: one `Router` per process holds the picker, the discovery watcher, the health prober,
+the metrics and the shared httpx client; the background tasks live in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from shoal.engine import __version__
+from shoal.engine.router.discovery import Discovery, DiscoveryWatcher
+from shoal.engine.router.errors import error_response, no_group_message
+from shoal.engine.router.health import HealthProber
+from shoal.engine.router.metrics import RouterMetrics
+from shoal.engine.router.picker import GroupPicker
+from shoal.engine.router.proxy import UPSTREAM_TIMEOUT, Proxy
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+
+
+class Router:
+    def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
+                 default_model: str, api_key: str | None, cooldown: float,
+                 poll_interval: float, probe_interval: float) -> None:
+        self.served_model_names = served_model_names
+        self.default_model = default_model
+        self.api_key = api_key
+        self.metrics = RouterMetrics()
+        self.picker = GroupPicker(cooldown=cooldown)
+        self.watcher = DiscoveryWatcher(discovery_file, self._on_discovery, poll_interval)
+        self.client = httpx.AsyncClient(
+            timeout=UPSTREAM_TIMEOUT,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
+        self.proxy = Proxy(self.picker, self.metrics, self.client)
+        self.prober = HealthProber(self.picker, self.client, probe_interval)
+
+    def _on_discovery(self, found: Discovery) -> None:
+        self.picker.set_groups(found.groups)
+
+    def model_names(self) -> list[str]:
+        if self.served_model_names:
+            return self.served_model_names
+        found = self.watcher.current
+        return [found.model if found and found.model else self.default_model]
+
+    def refresh_gauges(self) -> None:
+        self.metrics.listed.set(len(self.picker.states))
+        self.metrics.usable.set(len(self.picker.usable()))
+        self.metrics.discovery_valid.set(0 if self.watcher.problem else 1)
+
+    def unready_reason(self) -> str:
+        why = self.picker.why_none()
+        if self.watcher.problem:
+            why += f" ({self.watcher.problem})"
+        return no_group_message(why)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        self.watcher.check()
+        tasks = [asyncio.ensure_future(self.watcher.run()),
+                 asyncio.ensure_future(self.prober.run())]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.aclose()
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def build_app(router: Router) -> FastAPI:
+    app = FastAPI(title="shoal router", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=router.lifespan)
+    app.state.router = router
+
+    @app.exception_handler(_Unauthorized)
+    async def _on_unauthorized(request: Request, exc: _Unauthorized):
+        return error_response(401, "invalid or missing API key: send 'Authorization: Bearer "
+                                   "<key>' with the key given to --api-key",
+                              "AuthenticationError")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException):
+        kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "Error")
+        return error_response(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError):
+        return error_response(400, f"invalid request: {exc.errors()[:3]}", "BadRequestError")
+
+    def check_key(request: Request) -> None:
+        if router.api_key and request.headers.get("authorization") != f"Bearer {router.api_key}":
+            raise _Unauthorized()
+
+    def proxied(path: str, protected: bool):
+        async def handler(request: Request) -> Response:
+            if protected:
+                check_key(request)
+            return await router.proxy.forward(request, path)
+
+        handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
+        return handler
+
+    for path in PROXIED:
+        app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
+             "root": router.default_model, "parent": None}
+            for name in router.model_names()]}
+
+    @app.get("/health")
+    async def health():
+        if router.picker.usable():
+            return Response(status_code=200)
+        return error_response(503, router.unready_reason(), "ServiceUnavailableError")
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics():
+        router.refresh_gauges()
+        return Response(router.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

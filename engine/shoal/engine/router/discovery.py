@@ -1,0 +1,127 @@
+"""The discovery file the operator keeps (ConfigMap `NAME-engines`, key `engines.json`) and a
+watcher that re-reads it when it changes.
+
+Format: `{"groups": [{"group": 0, "url": "http://..:8000"}, ...], "model": "name"}`. A file that
+cannot be read or parsed keeps the last good list (the kubelet swaps ConfigMap files atomically,
+but hand-edited files can be half-written), with one log line per distinct problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+logger = logging.getLogger("shoal.router.discovery")
+
+POLL_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, order=True)
+class Group:
+    """One engine group as the file names it: its index and its rank 0's base URL."""
+
+    id: int
+    url: str
+
+
+@dataclass(frozen=True)
+class Discovery:
+    groups: tuple[Group, ...]
+    model: str | None
+
+
+def parse_discovery(text: str) -> Discovery:
+    """Validate the file's JSON; ValueError says what is wrong and where."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("the top level must be an object with a 'groups' list")
+    raw = data.get("groups")
+    if not isinstance(raw, list):
+        raise ValueError("'groups' must be a list of {\"group\": N, \"url\": \"http://...\"}")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError("'model' must be a string")
+    groups: dict[int, Group] = {}
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ValueError(f"groups[{i}] must be an object, got {type(item).__name__}")
+        gid, url = item.get("group"), item.get("url")
+        if not isinstance(gid, int) or isinstance(gid, bool) or gid < 0:
+            raise ValueError(f"groups[{i}].group must be a non-negative integer, got {gid!r}")
+        if not isinstance(url, str):
+            raise ValueError(f"groups[{i}].url must be a string, got {url!r}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"groups[{i}].url must be http(s)://HOST[:PORT], got {url!r}")
+        if gid in groups:
+            raise ValueError(f"group {gid} is listed twice")
+        groups[gid] = Group(gid, url.rstrip("/"))
+    return Discovery(tuple(sorted(groups.values())), model)
+
+
+def _signature(path: str) -> tuple | None:
+    # ConfigMap volumes swap a symlink: stat() follows it, so the inode changes with each update.
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class DiscoveryWatcher:
+    """Polls the file's (inode, mtime, size) and calls `on_change(Discovery)` on each new good
+    version. `problem` holds why the current file is not used (None when it is)."""
+
+    def __init__(self, path: str, on_change: Callable[[Discovery], None],
+                 interval: float = POLL_INTERVAL_S) -> None:
+        self.path = path
+        self.on_change = on_change
+        self.interval = interval
+        self.current: Discovery | None = None
+        self.problem: str | None = None
+        self._seen: tuple | None | str = "never"
+
+    def check(self) -> None:
+        """Re-read the file if it changed since the last check."""
+        sig = _signature(self.path)
+        if sig == self._seen:
+            return
+        self._seen = sig
+        if sig is None:
+            self._report(f"discovery file {self.path} does not exist")
+            return
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                found = parse_discovery(f.read())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            self._report(f"discovery file {self.path} is invalid: {exc}")
+            return
+        if self.problem:
+            logger.info("discovery file %s is valid again", self.path)
+        self.problem = None
+        if found != self.current:
+            self.current = found
+            self.on_change(found)
+
+    def _report(self, problem: str) -> None:
+        if problem != self.problem:
+            kept = ("keeping the last good list of "
+                    f"{len(self.current.groups)} group(s)" if self.current else "no groups known")
+            logger.error("%s; %s", problem, kept)
+        self.problem = problem
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any surprise
+                logger.exception("discovery check of %s failed", self.path)
+            await asyncio.sleep(self.interval)
