@@ -30,6 +30,9 @@ def run_router(args) -> int:
         cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
         poll_interval=float(os.environ.get(POLL_ENV, POLL_INTERVAL_S)),
         probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)))
+    # One line per event: the HTTP client's per-request INFO lines are not events.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     app = build_app(router)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level="warning", access_log=False,

@@ -91,27 +91,29 @@ class GroupPicker:
         if state is None or state.group != group:
             return
         now = self.clock()
-        if state.cooldown_until <= now:
-            logger.warning("group %d failed (%s): %s; skipping it for %.0f s",
-                           group.id, group.url, cause, self.cooldown)
+        if state.last_error is None:  # one line per failure, not one per cool-down
+            logger.warning("group %d failed (%s): %s; skipping it for %g s at a time until "
+                           "it answers again", group.id, group.url, cause, self.cooldown)
         state.cooldown_until = now + self.cooldown
         state.last_error = cause
 
     def mark_ok(self, group: Group) -> None:
+        """The group answered; a running cool-down still runs out (a 503 from a draining group
+        can come with a healthy /health)."""
         state = self.states.get(group.id)
-        if state is None or state.group != group:
+        if state is None or state.group != group or state.cooldown_until > self.clock():
             return
         if state.last_error is not None:
             logger.info("group %d recovered (%s)", group.id, group.url)
         state.cooldown_until = 0.0
         state.last_error = None
 
-    def why_none(self) -> str:
-        """Why no group is usable, for /health and 503s."""
+    def why_none(self, exclude: set[int] = frozenset()) -> str:
+        """Why no group (other than `exclude`) is usable, for /health and 503s."""
         if not self.states:
             return "the discovery file lists no engine groups"
         now = self.clock()
         return "; ".join(
-            f"group {gid} ({s.group.url}) failed: {s.last_error} (retried in "
+            f"group {gid} ({s.group.url}) failed: {s.last_error} (skipped for another "
             f"{max(0.0, s.cooldown_until - now):.1f} s)"
-            for gid, s in sorted(self.states.items()))
+            for gid, s in sorted(self.states.items()) if gid not in exclude)

@@ -63,7 +63,9 @@ class Proxy:
             group = self.picker.pick(exclude=tried)
             if group is None:
                 self.metrics.no_group.inc()
-                why = "; ".join(failures) if failures else self.picker.why_none()
+                others = self.picker.why_none(exclude=tried) if self.picker.states else ""
+                why = "; ".join([*failures, others] if others else failures) \
+                    or self.picker.why_none()
                 return error_response(503, no_group_message(why), "ServiceUnavailableError")
             if tried:
                 self.metrics.retries.inc()
@@ -92,6 +94,8 @@ class Proxy:
                        path: str) -> Response:
         headers = {k: v for k, v in upstream.headers.items() if k in FORWARD_RESPONSE_HEADERS}
         outcome = self._outcome(group, upstream.status_code)
+        if outcome != "upstream_error":
+            self.picker.mark_ok(group)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(self._stream(upstream, group, path, outcome),
                                      status_code=upstream.status_code, headers=headers)
