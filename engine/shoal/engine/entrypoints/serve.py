@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-host", default=None,
                    help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    fleet = p.add_argument_group("fleet frontend (docs/router.md)")
+    fleet.add_argument("--frontend-only", action="store_true",
+                       help="run only the OpenAI frontend and route to the engine groups listed "
+                            "in --engine-discovery-file; no model is loaded")
+    fleet.add_argument("--engine-discovery-file", metavar="PATH", default=None,
+                       help="JSON file listing the engine groups' URLs (the operator's "
+                            "engines.json); re-read when it changes")
     return p
 
 
@@ -122,9 +129,17 @@ def _check_parallelism(args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [frontend] %(message)s")
+    if args.frontend_only:
+        if not args.engine_discovery_file:
+            parser.error("--frontend-only needs --engine-discovery-file PATH (the file listing "
+                         "the engine groups to route to)")
+        from shoal.engine.router.main import run_router
+
+        return run_router(args)
     started = time.monotonic()
     problem = _check_parallelism(args)
     if problem:
