@@ -108,3 +108,13 @@ def test_picker_follows_the_file():
     picker.release(G1)
     picker.set_groups([])
     assert picker.pick() is None and "lists no engine groups" in picker.why_none()
+
+
+def test_frontend_only_without_discovery_file_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "shoal.engine.cli", "serve", "some-model",
+                        "--frontend-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--frontend-only needs --engine-discovery-file PATH" in r.stderr

@@ -1,0 +1,111 @@
+"""Helpers for router tests: a real `shoal serve --frontend-only` subprocess routing to real
+`shoal serve` engine servers (started with the serving tests' `ServeProcess`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serving"))
+from serve_helpers import API_KEY, MODEL_NAME, ServeProcess, free_port, wait_for  # noqa: E402
+
+__all__ = ["API_KEY", "MODEL_NAME", "RouterProcess", "ServeProcess", "wait_for",
+           "write_discovery"]
+
+
+def write_discovery(path: Path, engines: dict[int, ServeProcess], model: str = MODEL_NAME):
+    """Replace the file atomically, as the kubelet does for a ConfigMap volume."""
+    groups = [{"group": g, "url": e.url} for g, e in sorted(engines.items())]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"groups": groups, "model": model}))
+    os.replace(tmp, path)
+
+
+class RouterProcess:
+    def __init__(self, model: str, discovery: Path, tmp: Path, *flags: str,
+                 api_key: str | None = API_KEY) -> None:
+        self.port = free_port()
+        self.log_path = tmp / f"router-{self.port}.log"
+        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--frontend-only",
+                "--engine-discovery-file", str(discovery), "--host", "127.0.0.1",
+                "--port", str(self.port), "--served-model-name", MODEL_NAME, *flags]
+        if api_key:
+            args += ["--api-key", api_key]
+        # Fast polling keeps the tests short; production defaults are 1 s / 2 s / 5 s.
+        env = {**os.environ, "SHOAL_ROUTER_POLL_S": "0.1", "SHOAL_ROUTER_PROBE_S": "0.3",
+               "SHOAL_ROUTER_COOLDOWN_S": "1"}
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.api_key = api_key
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def wait_listening(self, timeout: float = 30.0) -> RouterProcess:
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"router exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                return httpx.get(f"{self.url}/version", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, "the router to listen", detail=lambda: self.log()[-2000:])
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of the router's /metrics as {'name{labels}': value}."""
+        out = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def per_group(self, outcome: str = "ok") -> dict[str, float]:
+        """Forwarded requests per group id with this outcome, summed over endpoints."""
+        counts: dict[str, float] = {}
+        for key, value in self.metrics().items():
+            if key.startswith("shoal_router_requests_total{") and f'outcome="{outcome}"' in key:
+                gid = key.split('group="', 1)[1].split('"', 1)[0]
+                counts[gid] = counts.get(gid, 0) + value
+        return counts
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def engine_successes(engine: ServeProcess) -> float:
+    """Finished requests the engine itself counted (its own `vllm:request_success`)."""
+    text = httpx.get(f"{engine.url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+def kill_group(engine: ServeProcess) -> None:
+    """SIGKILL the whole `shoal serve` process group (API server and EngineCore)."""
+    os.killpg(engine.proc.pid, signal.SIGKILL)
+    engine.proc.wait(10)
