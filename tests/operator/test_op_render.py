@@ -57,7 +57,8 @@ def test_rank_command_lines_and_probes(rank, headless, has_http, probes):
     pod = render.engine_pod(body, group=1, rank=rank)
     c = _container(pod)
     args = c["args"]
-    assert c["command"] == ["shoal"] and args[:2] == ["serve", "/models/tiny"]
+    # No command: the image entrypoint (tini -> shoal) stays PID 1.
+    assert "command" not in c and args[:2] == ["serve", "/models/tiny"]
     assert ("--headless" in args) is headless
     assert _flag(args, "--nnodes") == "4" and _flag(args, "--node-rank") == str(rank)
     assert _flag(args, "--master-addr") == "llm-g1-r0.llm-ranks.team.svc"

@@ -1,8 +1,9 @@
 """Least privilege: exactly the API groups, resources and verbs the operator uses.
 
 The chart turns RULES into a ClusterRole (with --all-namespaces) or a Role per watched
-namespace. NAMESPACE_RULES is needed only when the operator watches namespaces by glob or all
-of them (kopf lists and watches namespaces to follow them). Each rule says who uses it.
+namespace. NAMESPACE_RULES is needed in namespaced mode: kopf lists and watches namespaces
+whenever it is given --namespace (to follow globs), and never with --all-namespaces; without it
+kopf retries a forbidden namespace list for ~20 s at start (found by test_rbac_enforced.py). Each rule says who uses it.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def frontend_deployment(body: dict) -> dict:
         "name": L.FRONTEND_CONTAINER,
         "image": fe.get("image") or spec.get("image", "ghcr.io/shoal-dev/shoal:0.1.0"),
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
-        "command": ["shoal"],
+        # No `command`: the image's entrypoint (`tini -g -- shoal`) must stay PID 1 so that
+        # signals reach the server and its exit code reaches the kubelet.
         "args": frontend_args(spec),
         "ports": [{"name": "http", "containerPort": L.HTTP_PORT, "protocol": "TCP"}],
         # Ready = can serve: /health answers 503 while no engine group is reachable.
@@ -195,8 +196,10 @@ def ranks_service(body: dict) -> dict:
     return _with_hash(svc, svc["spec"])
 
 
-def engine_command(spec: dict) -> list[str]:
-    return ["vllm"] if spec.get("runtime") == "VLLM" else ["shoal"]
+def engine_command(spec: dict) -> list[str] | None:
+    """Shoal's image: None, keeping its entrypoint (`tini -g -- shoal`) as PID 1 so signals
+    reach the engine and its exit code propagates. Stock vLLM images: run `vllm` explicitly."""
+    return ["vllm"] if spec.get("runtime") == "VLLM" else None
 
 
 def engine_args(body: dict, group: int, rank: int) -> list[str]:
@@ -255,7 +258,7 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
         "name": L.ENGINE_CONTAINER,
         "image": spec.get("image", "ghcr.io/shoal-dev/shoal:0.1.0"),
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
-        "command": engine_command(spec),
+        **({"command": cmd} if (cmd := engine_command(spec)) else {}),
         "args": engine_args(body, group, rank),
         "env": engine_env(body, group, rank),
         "ports": ([{"name": "http", "containerPort": L.HTTP_PORT, "protocol": "TCP"}] if rank == 0 else [])
