@@ -207,7 +207,17 @@ def test_client_disconnect_aborts_the_request_on_the_group(router, engines):
         assert r.status_code == 200
         next(r.iter_raw())
     wait_for(lambda: aborted() == before + 1, 20, "the group to abort the abandoned stream")
-    wait_for(lambda: router.per_group("disconnect"), 10, "the router to count the disconnect")
+    wait_for(lambda: sum(router.per_group("disconnect").values()) == 1, 10,
+             "the router to count the disconnect")
+    # Not streamed: the router is reading the whole answer when the client gives up.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{router.url}/v1/completions", headers=router.headers, timeout=1.0,
+                   json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1500,
+                         "ignore_eos": True})
+    wait_for(lambda: aborted() == before + 2, 20, "the group to abort the abandoned request",
+             detail=lambda: router.log()[-1500:])
+    wait_for(lambda: sum(router.per_group("disconnect").values()) == 2, 10,
+             "the router to count the second disconnect")
 
 
 def test_group_failures(router, engines):

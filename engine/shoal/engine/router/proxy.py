@@ -47,6 +47,35 @@ def _upstream_message(body: bytes) -> str:
     return body[:200].decode(errors="replace") or "(empty body)"
 
 
+class _Disconnected(Exception):
+    pass
+
+
+async def _unless_disconnected(request: Request, coro):
+    """`await coro`, unless the client disconnects first: then cancel it and raise
+    _Disconnected."""
+    task = asyncio.ensure_future(coro)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise _Disconnected
+
+
 class Proxy:
     def __init__(self, picker: GroupPicker, metrics: RouterMetrics,
                  client: httpx.AsyncClient) -> None:
@@ -72,13 +101,18 @@ class Proxy:
             tried.add(group.id)
             self._start(group)
             try:
-                upstream = await self.client.send(
+                # A non-streamed answer sends its headers only when it is complete: watch the
+                # client meanwhile, so leaving cancels the upstream request (the group aborts).
+                upstream = await _unless_disconnected(request, self.client.send(
                     self.client.build_request("POST", group.url + path, content=body,
-                                              headers=headers), stream=True)
+                                              headers=headers), stream=True))
             except httpx.TransportError as exc:
                 self._failed(group, path, "connect", f"could not connect: {describe(exc)}", failures)
                 continue
-            except BaseException:  # cancelled while connecting (client left)
+            except _Disconnected:
+                return self._client_left(group, path)
+            except BaseException as exc:  # cancelled (server shutdown)
+                logger.info("request to group %d cancelled (%s)", group.id, describe(exc))
                 self._finish(group, path, "disconnect")
                 raise
             if upstream.status_code == 503:
@@ -99,12 +133,10 @@ class Proxy:
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(self._stream(upstream, group, path, outcome),
                                      status_code=upstream.status_code, headers=headers)
-        reader = asyncio.ensure_future(upstream.aread())
         try:
-            if not await self._until_done_or_disconnect(request, reader):
-                self._finish(group, path, "disconnect")
-                return Response(status_code=499)
-            content = reader.result()
+            content = await _unless_disconnected(request, upstream.aread())
+        except _Disconnected:
+            return self._client_left(group, path)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(str(group.id), "midway").inc()
             self.picker.mark_failed(group, f"failed mid-response: {describe(exc)}")
@@ -139,23 +171,10 @@ class Proxy:
                 await upstream.aclose()
             self._finish(group, path, outcome)
 
-    @staticmethod
-    async def _until_done_or_disconnect(request: Request, task: asyncio.Future) -> bool:
-        async def disconnected() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        watcher = asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if task.done():
-            return True
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        return False
+    def _client_left(self, group: Group, path: str) -> Response:
+        logger.info("client disconnected; cancelled its request to group %d", group.id)
+        self._finish(group, path, "disconnect")
+        return Response(status_code=499)
 
     @staticmethod
     async def _read_quietly(upstream: httpx.Response) -> bytes:
