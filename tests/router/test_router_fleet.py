@@ -62,6 +62,13 @@ def test_openai_client_completions_and_chat(router):
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
 
 
+def test_the_frontend_loads_no_model(router):
+    import psutil
+
+    mapped = [m.path for m in psutil.Process(router.proc.pid).memory_maps()]
+    assert not [p for p in mapped if "libtorch" in p or "safetensors" in p]
+
+
 def test_tokenize_and_detokenize_are_forwarded(router):
     tok = httpx.post(f"{router.url}/tokenize", json={"prompt": "hello world"}, timeout=30)
     assert tok.status_code == 200 and tok.json()["count"] == len(tok.json()["tokens"]) > 0

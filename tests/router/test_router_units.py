@@ -118,3 +118,14 @@ def test_frontend_only_without_discovery_file_is_a_usage_error(tmp_path):
                         "--frontend-only"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "--frontend-only needs --engine-discovery-file PATH" in r.stderr
+
+
+def test_the_operators_frontend_command_line_selects_the_router():
+    from shoal.engine.entrypoints.serve import build_parser
+    from shoal.operator.render import frontend_args
+
+    argv = frontend_args({"model": "/models/tiny", "servedModelName": "shoal-tiny"})
+    assert argv[0] == "serve"
+    args = build_parser().parse_args(argv[1:])
+    assert args.frontend_only and args.engine_discovery_file.endswith("/engines.json")
+    assert args.served_model_name == ["shoal-tiny"] and (args.host, args.port) == ("0.0.0.0", 8000)
