@@ -92,9 +92,8 @@ class Proxy:
             group = self.picker.pick(exclude=tried)
             if group is None:
                 self.metrics.no_group.inc()
-                others = self.picker.why_none(exclude=tried) if self.picker.states else ""
-                why = "; ".join([*failures, others] if others else failures) \
-                    or self.picker.why_none()
+                others = self.picker.why_none(exclude=tried)
+                why = "; ".join(x for x in (*failures, others) if x)
                 return error_response(503, no_group_message(why), "ServiceUnavailableError")
             if tried:
                 self.metrics.retries.inc()
@@ -106,8 +105,13 @@ class Proxy:
                 upstream = await _unless_disconnected(request, self.client.send(
                     self.client.build_request("POST", group.url + path, content=body,
                                               headers=headers), stream=True))
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self._failed(group, path, "connect", f"could not connect: {describe(exc)}",
+                             failures)
+                continue
             except httpx.TransportError as exc:
-                self._failed(group, path, "connect", f"could not connect: {describe(exc)}", failures)
+                self._failed(group, path, "no_answer",
+                             f"dropped the request before answering: {describe(exc)}", failures)
                 continue
             except _Disconnected:
                 return self._client_left(group, path)
