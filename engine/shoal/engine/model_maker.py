@@ -172,8 +172,11 @@ def make_model(path: str | os.PathLike, size: str = "tiny", arch: str = "llama")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal make-model", description=__doc__.split("\n")[0])
     parser.add_argument("dir", help="directory to write the model into (created if missing)")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--arch", choices=ARCHS, default="llama")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                        help="tiny: hidden 256, 4 layers (tests); small: hidden 768, 12 layers "
+                             "(benchmarks). Default: tiny")
+    parser.add_argument("--arch", choices=ARCHS, default="llama",
+                        help="llama (default) or qwen2 (same shapes, q/k/v biases)")
     args = parser.parse_args(argv)
     out = make_model(args.dir, args.size, args.arch)
     print(f"wrote {args.size} {args.arch} model to {out}")
