@@ -34,4 +34,5 @@ def router(tiny_model, engines, discovery, tmp_path_factory):
     try:
         yield r.wait_listening()
     finally:
-        r.stop()
+        rc = r.stop()
+    assert rc == 0, f"the frontend exited with {rc} after SIGTERM:\n{r.log()[-2000:]}"

@@ -87,7 +87,8 @@ class RouterProcess:
                 counts[gid] = counts.get(gid, 0) + value
         return counts
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM; the exit code (0 for a requested stop)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -96,6 +97,7 @@ class RouterProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+        return self.proc.returncode
 
 
 def engine_successes(engine: ServeProcess) -> float:

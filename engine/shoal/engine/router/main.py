@@ -1,7 +1,8 @@
 """`run_router(args)`: `shoal serve MODEL --frontend-only` after `serve.py` parsed the flags.
 
 One process: uvicorn serving the router app. No model, tokenizer or EngineCore is loaded; MODEL
-is only the default served model name. Exit code 0 after SIGTERM/SIGINT, 1 when it cannot bind.
+is only the default served model name. Exit code 0 after SIGTERM/SIGINT (in-flight requests get
+GRACE_S to finish), 1 when it cannot bind.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 
 logger = logging.getLogger("shoal.router")
 
 COOLDOWN_ENV = "SHOAL_ROUTER_COOLDOWN_S"
 POLL_ENV = "SHOAL_ROUTER_POLL_S"
 PROBE_ENV = "SHOAL_ROUTER_PROBE_S"
+# On SIGTERM, streams in flight get this long to finish before they are cut.
+GRACE_S = 30
 
 
 def run_router(args) -> int:
@@ -34,9 +38,23 @@ def run_router(args) -> int:
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     app = build_app(router)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=10, timeout_keep_alive=5))
+
+    class Server(uvicorn.Server):
+        # Not uvicorn's own handler: that re-raises the signal at exit (exit code 143, which
+        # reads as a crash); a requested stop exits 0 like `shoal serve`.
+        def handle_exit(self, sig: int, frame) -> None:
+            name = signal.Signals(sig).name
+            if self.should_exit:
+                logger.warning("second %s: exiting now", name)
+                self.force_exit = True
+            else:
+                logger.info("received %s: finishing in-flight requests (up to %d s), then "
+                            "exiting", name, GRACE_S)
+            self.should_exit = True
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                   access_log=False, timeout_graceful_shutdown=GRACE_S,
+                                   timeout_keep_alive=5))
     logger.info("frontend only: routing %s to the engine groups in %s on %s:%d",
                 ", ".join(router.model_names()), args.engine_discovery_file, args.host,
                 args.port)
