@@ -13,7 +13,6 @@ import time
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine import __version__
@@ -97,10 +96,6 @@ def build_app(router: Router) -> FastAPI:
     async def _on_http(request: Request, exc: StarletteHTTPException):
         kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "Error")
         return error_response(exc.status_code, str(exc.detail), kind)
-
-    @app.exception_handler(RequestValidationError)
-    async def _on_validation(request: Request, exc: RequestValidationError):
-        return error_response(400, f"invalid request: {exc.errors()[:3]}", "BadRequestError")
 
     def check_key(request: Request) -> None:
         if router.api_key and request.headers.get("authorization") != f"Bearer {router.api_key}":
