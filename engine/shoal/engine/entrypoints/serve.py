@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB, else 1 GiB)")
     eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
                      help="use exactly this many KV blocks instead of sizing from the budget")
+    eng.add_argument("--num-threads", type=int, default=None,
+                     help="torch threads of the engine process (default: torch's, i.e. "
+                          "$OMP_NUM_THREADS or one per core); 1 is faster on a busy machine")
     eng.add_argument("--shutdown-timeout", type=float, default=0.0,
                      help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
                           "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-            num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed)
+            num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed,
+            num_threads=args.num_threads)
     except ValueError as exc:
         return _config_error(str(exc))
     names = args.served_model_name or [args.model]
