@@ -30,6 +30,7 @@ logger = logging.getLogger("shoal.router.proxy")
 FORWARD_REQUEST_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
 FORWARD_RESPONSE_HEADERS = ("content-type", "x-request-id")
 # No read timeout: a long generation is not a failure. Connecting is quick or the group is gone.
+SSE_DONE = b"data: [DONE]\n\n"
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=None)
 
 
@@ -156,8 +157,10 @@ class Proxy:
 
     async def _stream(self, upstream: httpx.Response, group: Group, path: str,
                       outcome: str) -> AsyncIterator[bytes]:
+        tail = b""
         try:
             async for chunk in upstream.aiter_bytes():
+                tail = (tail + chunk)[-len(SSE_DONE):]
                 yield chunk
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
@@ -165,10 +168,11 @@ class Proxy:
             self.picker.mark_failed(group, f"failed mid-stream: {describe(exc)}")
             yield sse_error(502, f"engine group {group.id} ({group.url}) failed mid-stream: "
                                  f"{describe(exc)}", "BadGatewayError")
-            yield b"data: [DONE]\n\n"
+            yield SSE_DONE
         except BaseException:  # cancelled or closed: the client went away
-            outcome = "disconnect"
-            logger.info("client disconnected; closing the stream to group %d", group.id)
+            if tail != SSE_DONE:  # (a client may hang up after [DONE], before the EOF)
+                outcome = "disconnect"
+                logger.info("client disconnected; closing the stream to group %d", group.id)
             raise
         finally:
             with anyio.CancelScope(shield=True):
