@@ -55,6 +55,7 @@ def run_shoal(path: str, prompts, out_len: int, args) -> tuple[Clock, int]:
     llm.generate(prompts[:4], wire.SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     with Clock() as clock:
         outs = llm.generate(prompts, params)
+    clock.preemptions = llm.stats["num_preemptions"]
     llm.shutdown()
     produced = sum(len(o.token_ids) for o in outs)
     assert produced == len(prompts) * out_len, produced
@@ -88,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-batch", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
-    parser.add_argument("--kv-gib", type=float, default=1.0)
+    parser.add_argument("--kv-gib", type=float, default=2.0,
+                        help="KV cache budget; 2 GiB holds all 200 requests of the small model "
+                             "(24 KiB per token), so nothing is preempted")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both engines (default: torch's choice)")
     parser.add_argument("--skip-hf", action="store_true", help="only measure shoal")
@@ -101,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         path = model_dir(size)
         prompts = make_prompts(args.num_prompts, args.prompt_len, 8192)
         s_clock, s_tok = run_shoal(path, prompts, args.output_len, args)
-        row = [size, f"{s_tok}", f"{s_clock.wall:.1f}", f"{s_tok / s_clock.wall:.0f}",
-               f"{s_tok / s_clock.cpu:.0f}"]
+        row = [size, f"{s_tok}", f"{s_clock.preemptions}", f"{s_clock.wall:.1f}",
+               f"{s_tok / s_clock.wall:.0f}", f"{s_tok / s_clock.cpu:.0f}"]
         if args.skip_hf:
             row += ["-"] * 5
         else:
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{(s_tok / s_clock.cpu) / (h_tok / h_clock.cpu):.2f}x"]
         rows.append(row)
         print(f"# {size}: done", file=sys.stderr, flush=True)
-    header = ["model", "output tokens", "shoal s", "shoal tok/s", "shoal tok/cpu-s",
+    header = ["model", "output tokens", "shoal preemptions", "shoal s", "shoal tok/s", "shoal tok/cpu-s",
               "hf s", f"hf tok/s (batch {args.hf_batch})", "hf tok/cpu-s", "ratio (wall)",
               "ratio (cpu)"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
