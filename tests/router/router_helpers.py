@@ -6,14 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serving"))
-from serve_helpers import API_KEY, MODEL_NAME, ServeProcess, free_port, wait_for  # noqa: E402
+from serve_helpers import (  # noqa: E402
+    API_KEY,
+    MODEL_NAME,
+    ServeProcess,
+    ServerProcess,
+    free_port,
+    wait_for,
+)
 
 __all__ = ["API_KEY", "MODEL_NAME", "RouterProcess", "ServeProcess", "wait_for",
            "write_discovery"]
@@ -27,11 +33,12 @@ def write_discovery(path: Path, engines: dict[int, ServeProcess], model: str = M
     os.replace(tmp, path)
 
 
-class RouterProcess:
+class RouterProcess(ServerProcess):
+    """`shoal serve --frontend-only` routing to the groups listed in a discovery file."""
+
     def __init__(self, model: str, discovery: Path, tmp: Path, *flags: str,
                  api_key: str | None = API_KEY) -> None:
         self.port = free_port()
-        self.log_path = tmp / f"router-{self.port}.log"
         args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--frontend-only",
                 "--engine-discovery-file", str(discovery), "--host", "127.0.0.1",
                 "--port", str(self.port), "--served-model-name", MODEL_NAME, *flags]
@@ -40,34 +47,10 @@ class RouterProcess:
         # Fast polling keeps the tests short; production defaults are 1 s / 2 s / 5 s.
         env = {**os.environ, "SHOAL_ROUTER_POLL_S": "0.1", "SHOAL_ROUTER_PROBE_S": "0.3",
                "SHOAL_ROUTER_COOLDOWN_S": "1"}
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        self.api_key = api_key
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()
+        super().__init__(args, tmp / f"router-{self.port}.log", env, api_key)
 
     def wait_listening(self, timeout: float = 30.0) -> RouterProcess:
-        def up():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"router exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                return httpx.get(f"{self.url}/version", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout, "the router to listen", detail=lambda: self.log()[-2000:])
-        return self
+        return self.wait_answering("/version", "the router to listen", timeout)
 
     def metrics(self) -> dict[str, float]:
         """Every sample of the router's /metrics as {'name{labels}': value}."""
@@ -86,18 +69,6 @@ class RouterProcess:
                 gid = key.split('group="', 1)[1].split('"', 1)[0]
                 counts[gid] = counts.get(gid, 0) + value
         return counts
-
-    def stop(self) -> int:
-        """SIGTERM; the exit code (0 for a requested stop)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def engine_successes(engine: ServeProcess) -> float:

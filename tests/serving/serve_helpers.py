@@ -39,25 +39,17 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detai
         time.sleep(interval)
 
 
-class ServeProcess:
-    """`shoal serve` in a subprocess; logs go to a file shown when something fails."""
+class ServerProcess:
+    """A `shoal serve ...` subprocess on a free port; logs go to a file shown when it fails.
 
-    def __init__(self, model: str, tmp: Path, *flags: str, env: dict | None = None,
-                 api_key: str | None = None) -> None:
-        self.port = free_port()
+    Shared by the serving tests (engine servers) and the router tests (`--frontend-only`)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict, api_key: str | None) -> None:
         self.api_key = api_key
-        self.log_path = tmp / f"serve-{self.port}.log"
-        self.termination_log = tmp / f"termination-{self.port}.log"
-        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--host", "127.0.0.1",
-                "--port", str(self.port), "--served-model-name", MODEL_NAME,
-                "--kv-cache-memory-bytes", KV_BYTES, *flags]
-        if api_key:
-            args += ["--api-key", api_key]
-        full_env = {**os.environ, "SHOAL_TERMINATION_LOG": str(self.termination_log),
-                    **(env or {})}
-        self._log = open(self.log_path, "w")
+        self.log_path = log_path
+        self._log = open(log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=full_env, start_new_session=True)
+                                     env=env, start_new_session=True)
 
     @property
     def url(self) -> str:
@@ -71,18 +63,51 @@ class ServeProcess:
         self._log.flush()
         return self.log_path.read_text()
 
-    def wait_healthy(self, timeout: float = 180.0) -> ServeProcess:
-        def healthy():
+    def wait_answering(self, path: str, what: str, timeout: float):
+        """Poll GET `path` until it answers 200; fail at once (with the log) if the process exits."""
+        def answering():
             if self.proc.poll() is not None:
-                raise AssertionError(f"shoal serve exited with {self.proc.returncode}:\n"
+                raise AssertionError(f"{what}: process exited with {self.proc.returncode}:\n"
                                      f"{self.log()[-4000:]}")
             try:
-                return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+                return httpx.get(f"{self.url}{path}", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_for(healthy, timeout, "shoal serve to become healthy", interval=0.2)
+        wait_for(answering, timeout, what, interval=0.2, detail=lambda: self.log()[-2000:])
         return self
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then SIGKILL of the whole process group after `timeout`; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class ServeProcess(ServerProcess):
+    """`shoal serve` with an engine, on the test model."""
+
+    def __init__(self, model: str, tmp: Path, *flags: str, env: dict | None = None,
+                 api_key: str | None = None) -> None:
+        self.port = free_port()
+        self.termination_log = tmp / f"termination-{self.port}.log"
+        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--host", "127.0.0.1",
+                "--port", str(self.port), "--served-model-name", MODEL_NAME,
+                "--kv-cache-memory-bytes", KV_BYTES, *flags]
+        if api_key:
+            args += ["--api-key", api_key]
+        full_env = {**os.environ, "SHOAL_TERMINATION_LOG": str(self.termination_log),
+                    **(env or {})}
+        super().__init__(args, tmp / f"serve-{self.port}.log", full_env, api_key)
+
+    def wait_healthy(self, timeout: float = 180.0) -> ServeProcess:
+        return self.wait_answering("/health", "shoal serve to become healthy", timeout)
 
     def engine_pid(self) -> int:
         kids = psutil.Process(self.proc.pid).children()
@@ -103,13 +128,3 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"shoal serve did not exit in {timeout} s:\n"
                                  f"{self.log()[-3000:]}") from None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
