@@ -197,12 +197,8 @@ class EngineCoreProc:
             elif busy or self.pending_rejections:
                 # Going idle: publish fresh gauges (running 0, KV usage after frees), or they
                 # would show the last busy step until the next request.
-                self._send_outputs(EngineCoreOutputs(scheduler_stats=self._stats()), set())
+                self._send_outputs(EngineCoreOutputs(scheduler_stats=self.engine_core.make_stats()), set())
                 busy = False
-
-    def _stats(self) -> wire.SchedulerStats | None:
-        scheduler = getattr(self.engine_core, "scheduler", None)
-        return scheduler.make_stats() if scheduler is not None else None
 
     def _drain_input(self, block: bool = False) -> None:
         """Handle everything queued; if `block`, wait (briefly, to notice signals) for one."""

@@ -103,6 +103,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def make_stats(self) -> wire.SchedulerStats:
+        """Fresh scheduler gauges, also between steps (an idle engine publishes these once)."""
+        return self.scheduler.make_stats()
+
     # -- the loop ------------------------------------------------------------------------
 
     def step(self) -> wire.EngineCoreOutputs:
@@ -118,7 +122,7 @@ class EngineCore:
         finished = [o.request_id for o in outputs if o.finish_reason is not None]
         return wire.EngineCoreOutputs(
             outputs=outputs,
-            scheduler_stats=self.scheduler.make_stats(),
+            scheduler_stats=self.make_stats(),
             finished_requests=finished or None,
         )
 
