@@ -67,7 +67,10 @@ def release(cli, control_plane):
     """The chart installed cluster-wide into its own namespace; uninstalled afterwards."""
     ns = control_plane.new_namespace("shoal-system")
     name = ns  # release names make cluster-scoped names: unique per test run
-    proc = cli.helm("install", name, CHART, "--namespace", ns, "--timeout", "60s")
+    # The CRD may already be there (the operator tests install it from crds/ with another
+    # field manager): helm's server-side apply then takes the fields over, as a user would.
+    proc = cli.helm("install", name, CHART, "--namespace", ns, "--timeout", "60s",
+                    "--force-conflicts")
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
     yield name, ns
     proc = cli.helm("uninstall", name, "--namespace", ns, "--timeout", "60s")
@@ -106,7 +109,8 @@ def test_helm_install_is_accepted_by_the_api_server(cli, release):
 def test_namespaced_install_creates_a_role_in_each_watched_namespace(cli, control_plane):
     ns = control_plane.new_namespace("shoal-ops")
     watched = [control_plane.new_namespace("team-a"), control_plane.new_namespace("team-b")]
-    proc = cli.helm("install", ns, CHART, "--namespace", ns, "--set", f"watchNamespaces={{{','.join(watched)}}}")
+    proc = cli.helm("install", ns, CHART, "--namespace", ns, "--force-conflicts",
+                    "--set", f"watchNamespaces={{{','.join(watched)}}}")
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
     try:
         from shoal.operator.rbac import NAMESPACE_RULES, RULES
