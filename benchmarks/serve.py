@@ -4,6 +4,8 @@ Random prompts of exactly N tokens (sent as token-id lists), M output tokens eac
 ignore_eos, arrivals at a fixed Poisson rate or all at once (inf), an optional concurrency cap.
 Prints output tokens/s, requests/s, TTFT and inter-token latency (median, p99) and, when it knows
 the server's processes, the frontend's and engine's resident memory (peak during the run).
+Like vLLM's client it streams over aiohttp: on a 2-core machine the load client shares the cores
+with the server, so its own CPU cost (printed too) is part of what is measured.
 
 Against a running server:
     python benchmarks/serve.py --base-url http://127.0.0.1:8000 --model shoal-tiny \\
@@ -26,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 import psutil
 
@@ -40,36 +43,41 @@ class Result:
     output_tokens: int = 0
 
 
-async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Result:
+async def one_request(session: aiohttp.ClientSession, args, prompt: list[int]) -> Result:
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len,
             "temperature": args.temperature, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     res = Result()
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+        async with session.post(f"{args.base_url}/v1/completions", json=body) as r:
+            if r.status != 200:
+                res.error = f"HTTP {r.status}: {(await r.read())[:200]!r}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    res.error = chunk["error"]["message"]
-                    return res
-                if chunk.get("usage"):
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    now = time.perf_counter()
-                    if res.ttft == 0.0:
-                        res.ttft = now - start
-                    else:
-                        res.itls.append(now - last)
-                    last = now
+            buffer = b""
+            async for data in r.content.iter_any():
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    line = event.strip()
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        res.error = chunk["error"]["message"]
+                        return res
+                    if chunk.get("usage"):
+                        res.output_tokens = chunk["usage"]["completion_tokens"]
+                    if chunk.get("choices") and chunk["choices"][0].get("text"):
+                        now = time.perf_counter()
+                        if res.ttft == 0.0:
+                            res.ttft = now - start
+                        else:
+                            res.itls.append(now - last)
+                        last = now
         res.latency = time.perf_counter() - start
         res.ok = res.output_tokens > 0
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         res.error = f"{type(exc).__name__}: {exc}"
     return res
 
@@ -123,15 +131,16 @@ async def run(args) -> dict:
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(args.min_token_id, args.vocab_size) for _ in range(args.input_len)]
                for _ in range(args.num_prompts)]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     sem = asyncio.Semaphore(args.max_concurrency or args.num_prompts)
-    async with httpx.AsyncClient(base_url=args.base_url, timeout=None, limits=limits,
-                                 headers={"Authorization": f"Bearer {args.api_key}"}) as client:
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None),
+            headers={"Authorization": f"Bearer {args.api_key}"}) as session:
         async def guarded(p):
             async with sem:
-                return await one_request(client, args, p)
+                return await one_request(session, args, p)
 
         tasks = []
+        cpu_start = time.process_time()
         start = time.perf_counter()
         for p in prompts:
             tasks.append(asyncio.create_task(guarded(p)))
@@ -139,6 +148,7 @@ async def run(args) -> dict:
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
+        client_cpu = time.process_time() - cpu_start
     ok = [r for r in results if r.ok]
     errors = [r.error for r in results if not r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -152,6 +162,7 @@ async def run(args) -> dict:
         "ttft_p99_ms": 1e3 * pct([r.ttft for r in ok], 99),
         "itl_median_ms": 1e3 * pct(itls, 50), "itl_p99_ms": 1e3 * pct(itls, 99),
         "e2e_median_s": pct([r.latency for r in ok], 50),
+        "client_cpu_s": client_cpu,
     }
 
 
@@ -219,12 +230,13 @@ def main() -> None:
     print(f"| TTFT median / p99 (ms) | {r['ttft_median_ms']:.0f} / {r['ttft_p99_ms']:.0f} |")
     print(f"| ITL median / p99 (ms) | {r['itl_median_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
     print(f"| E2E median (s) | {r['e2e_median_s']:.2f} |")
+    print(f"| CPU seconds load client | {r['client_cpu_s']:.1f} |")
     if args.server_pid:
         print(f"| frontend RSS peak (MiB) | {rss.frontend / 2**20:.0f} |")
         print(f"| engine RSS peak (MiB) | {rss.engine / 2**20:.0f} |")
         if rss.cpu_start and rss.cpu_end:
             fe, en = (b - a for a, b in zip(rss.cpu_start, rss.cpu_end, strict=True))
-            print(f"| CPU seconds frontend / engine | {fe:.0f} / {en:.0f} |")
+            print(f"| CPU seconds frontend / engine | {fe:.1f} / {en:.1f} |")
     if r["first_error"]:
         print(f"first error: {r['first_error']}")
     if args.json:

@@ -1,4 +1,4 @@
-"""InprocClient (the EngineCoreClient contract in-process) and a bfloat16 engine."""
+"""InprocClient (the EngineCoreClient contract in-process), dtype resolution, a bfloat16 engine."""
 
 from __future__ import annotations
 
@@ -38,6 +38,35 @@ def test_inproc_client_runs_requests_to_completion(tiny_model):
     assert_no_leaks(client)
     client.shutdown()
     client.shutdown()  # safe twice
+
+
+@pytest.mark.parametrize(("flag", "checkpoint", "expected"), [
+    ("float32", "float32", torch.float32),
+    ("bfloat16", "float32", torch.bfloat16),
+    ("auto", "bfloat16", torch.bfloat16),  # a half-precision checkpoint keeps its own dtype
+    ("auto", "float16", torch.float16),
+    ("auto", "float32", "cpu-preferred"),  # vLLM's downcast of float32 checkpoints
+    ("auto", None, "cpu-preferred"),  # no dtype in config.json: treated as float32
+])
+def test_auto_dtype_resolves_as_vllm_does(flag, checkpoint, expected):
+    from types import SimpleNamespace
+
+    from shoal.engine.worker.model_runner import cpu_has_native_bf16, resolve_dtype
+
+    if expected == "cpu-preferred":
+        expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    hf_config = SimpleNamespace(dtype=checkpoint)  # the one field read of a transformers config
+    assert resolve_dtype(flag, hf_config, torch.device("cpu")) == expected
+
+
+def test_default_engine_runs_in_the_resolved_dtype(make_llm, tiny_model):
+    from shoal.engine.worker.model_runner import cpu_has_native_bf16
+
+    llm = make_llm(tiny_model, max_model_len=256)
+    runner = llm.engine_core.model_executor.worker.model_runner
+    want = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert runner.dtype == want and runner.kv_caches[0][0].dtype == want
+    assert next(runner.model.parameters()).dtype == want
 
 
 def test_bfloat16_engine_generates(make_llm, tiny_model):

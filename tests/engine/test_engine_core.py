@@ -137,7 +137,8 @@ def test_utilities_are_allow_listed(core):
 
 def test_engine_attributes_known_after_kv_sizing(make_engine, tiny_model):
     # 2 (K,V) x 4 layers x 16 tokens x 2 heads x 64 dims x 4 bytes = 64 KiB per block.
-    core = make_engine(tiny_model, kv_cache_memory_bytes=4 << 20, max_model_len=256)
+    core = make_engine(tiny_model, dtype="float32", kv_cache_memory_bytes=4 << 20,
+                       max_model_len=256)
     assert core.num_blocks == 64 and core.block_size == 16 and core.max_model_len == 256
 
 

@@ -49,7 +49,8 @@ def test_qwen2_matches_transformers(make_llm, tiny_qwen2_model):
     config = copy.deepcopy(hf.generation_config)
     config.eos_token_id, config.do_sample, config.max_new_tokens = None, False, 10
     prompts = [[7, 8, 9], list(range(100, 140)), list(range(2000, 2017))]
-    llm = make_llm(tiny_qwen2_model, max_model_len=256, max_num_batched_tokens=32)
+    llm = make_llm(tiny_qwen2_model, dtype="float32", max_model_len=256,
+                   max_num_batched_tokens=32)
     outs = llm.generate(prompts, wire.SamplingParams(temperature=0.0, max_tokens=10,
                                                      ignore_eos=True))
     with torch.inference_mode():

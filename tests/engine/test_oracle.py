@@ -103,7 +103,7 @@ def test_string_prompts_match_transformers(make_llm, tiny_model, hf_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     texts = ["import os", "def main():\n    return", "class Foo(object):", "for i in range(10):"]
-    llm = make_llm(tiny_model)
+    llm = make_llm(tiny_model, dtype="float32")
     outs = llm.generate(texts, wire.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     for text, out in zip(texts, outs, strict=True):
         ids = tok(text, return_tensors="pt").input_ids

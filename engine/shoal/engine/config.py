@@ -46,7 +46,7 @@ class EngineConfig:
     """All knobs of one engine. Construct it with keyword arguments; it validates itself."""
 
     model: str
-    dtype: str = "auto"  # auto = the model's own dtype (float32 for shoal's models)
+    dtype: str = "auto"  # auto = the model's own, float32 checkpoints in bf16 where native (vLLM's)
     device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     max_num_seqs: int = 256  # seats: requests running at once

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                      default=True, help="reuse KV blocks of shared prompt prefixes")
     eng.add_argument("--dtype", default="auto",
                      choices=["auto", "float32", "bfloat16", "float16"],
-                     help="weight/activation dtype; auto = the model's own")
+                     help="weight/activation/KV dtype; auto = the model's own, but float32 checkpoints "
+                          "run in bfloat16 on CUDA and on CPUs with native bf16 (as vLLM)")
     eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     eng.add_argument("--seed", type=int, default=0,
                      help="seed of the engine's generator for unseeded sampled requests")
@@ -194,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     r = llm.ready
     logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, engine start-up %.1f s",
                 r.num_blocks, r.block_size, r.max_model_len, r.startup_seconds)
-    return asyncio.run(_serve(llm, args, names, started))
+    from shoal.engine.entrypoints import event_loop
+
+    return event_loop.run(_serve(llm, args, names, started))
 
 
 def _import_http_stack() -> None:

@@ -7,7 +7,6 @@ GRACE_S to finish), 1 when it cannot bind.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -23,6 +22,7 @@ GRACE_S = 30
 
 def run_router(args) -> int:
     import uvicorn
+    from shoal.engine.entrypoints import event_loop
     from shoal.engine.router.app import Router, build_app
     from shoal.engine.router.discovery import POLL_INTERVAL_S
     from shoal.engine.router.health import PROBE_INTERVAL_S
@@ -59,7 +59,7 @@ def run_router(args) -> int:
                 ", ".join(router.model_names()), args.engine_discovery_file, args.host,
                 args.port)
     try:
-        asyncio.run(server.serve())
+        event_loop.run(server.serve())
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind
         return int(exc.code or 1)
     if not server.started:

@@ -23,13 +23,32 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(config: EngineConfig, hf_config) -> torch.dtype:
-    if config.dtype != "auto":
-        return _DTYPES[config.dtype]
+def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtype:
+    """`--dtype auto` as vLLM resolves it: the checkpoint's own dtype, except that float32
+    checkpoints run in the device's preferred half type (bfloat16 on CUDA with bf16 support, else
+    float16; bfloat16 on CPUs that compute it natively: AVX512-BF16 or AMX). Unlike vLLM, a CPU
+    without native bf16 keeps float32, where bf16 would be emulated and slower."""
+    if requested != "auto":
+        return _DTYPES[requested]
     own = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(own, str):
         own = _DTYPES.get(own)
-    return own if isinstance(own, torch.dtype) else torch.float32
+    if not isinstance(own, torch.dtype):
+        own = torch.float32
+    if own != torch.float32:
+        return own
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without these probes
+        return False
 
 
 class ModelRunner:
@@ -59,7 +78,7 @@ class ModelRunner:
             raise ValueError(f"unsupported architecture {model_cls.__name__}: its transformers "
                              "implementation does not route attention through AttentionInterface, "
                              "so shoal cannot plug in its paged KV cache.")
-        self.dtype = resolve_dtype(self.config, hf_config)
+        self.dtype = resolve_dtype(self.config.dtype, hf_config, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.config.model, dtype=self.dtype,
             attn_implementation=paged_attention.ATTN_IMPLEMENTATION,
