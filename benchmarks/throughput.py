@@ -2,8 +2,9 @@
 
 Workload (issue 2): N prompts of P random token ids, O output tokens each, greedy, ignore_eos.
 shoal submits every prompt at once; transformers runs `generate` in batches of 32 (equal-length
-prompts, so no padding) with its default attention (sdpa) and KV cache. Prints one table row
-per model size: output tokens/s of each and the ratio.
+prompts, so no padding) with its default attention (sdpa) and KV cache. Both run in the same
+dtype (`--dtype`, float32 by default: the checkpoints' own). Prints one table row per model size:
+output tokens/s of each and the ratio.
 
     .venv/bin/python benchmarks/throughput.py --size both
 """
@@ -50,7 +51,8 @@ def run_shoal(path: str, prompts, out_len: int, args) -> tuple[Clock, int]:
     from shoal.engine.llm import LLM
 
     llm = LLM(path, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-              kv_cache_memory_bytes=args.kv_gib * (1 << 30), max_model_len=1024)
+              kv_cache_memory_bytes=args.kv_gib * (1 << 30), max_model_len=1024,
+              dtype=args.dtype)
     params = wire.SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts[:4], wire.SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     with Clock() as clock:
@@ -62,10 +64,11 @@ def run_shoal(path: str, prompts, out_len: int, args) -> tuple[Clock, int]:
     return clock, produced
 
 
-def run_transformers(path: str, prompts, out_len: int, batch: int) -> tuple[Clock, int]:
+def run_transformers(path: str, prompts, out_len: int, batch: int,
+                     dtype: str) -> tuple[Clock, int]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     gen_kwargs = dict(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
                       pad_token_id=model.config.pad_token_id)
     with torch.inference_mode():
@@ -94,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(24 KiB per token), so nothing is preempted")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both engines (default: torch's choice)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="of both engines (shoal's `auto` would pick bfloat16 on CPUs with "
+                             "native bf16, transformers' float32: a like-for-like run names one)")
     parser.add_argument("--skip-hf", action="store_true", help="only measure shoal")
     args = parser.parse_args(argv)
     if args.threads:
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.skip_hf:
             row += ["-"] * 5
         else:
-            h_clock, h_tok = run_transformers(path, prompts, args.output_len, args.hf_batch)
+            h_clock, h_tok = run_transformers(path, prompts, args.output_len, args.hf_batch,
+                                              args.dtype)
             row += [f"{h_clock.wall:.1f}", f"{h_tok / h_clock.wall:.0f}",
                     f"{h_tok / h_clock.cpu:.0f}",
                     f"{(s_tok / s_clock.wall) / (h_tok / h_clock.wall):.2f}x",
@@ -121,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
               "ratio (cpu)"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"workload: {args.num_prompts} prompts x {args.prompt_len} random tokens -> "
-          f"{args.output_len} tokens, greedy, ignore_eos; torch threads {torch.get_num_threads()}")
+          f"{args.output_len} tokens, greedy, ignore_eos; {args.dtype}; torch threads "
+          f"{torch.get_num_threads()}")
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
