@@ -1,12 +1,16 @@
-"""Wire cost of one engine step: bytes per generated token and microseconds per encode+decode,
-for decode batches of 1, 32, 128 and 256 requests, per-output layout (vLLM's: one struct with a
-34-character request id per token) versus shoal's columnar OutputBatch, side by side.
+"""Wire cost of one engine step: bytes per generated token and microseconds from the scheduler
+emitting a step's decode tokens to the frontend holding them, for decode batches of 1, 32, 128
+and 256 requests, per-output layout (vLLM's: one struct with a 34-character request id per token)
+versus shoal's columnar OutputBatch, side by side.
 
-Both paths are measured as the engine and frontend run them: per-output = msgpack-encode
-EngineCoreOutputs / decode it into per-request objects; columnar = OutputCodec.to_batch +
-encode_into a reused buffer / decode + OutputCodec.columns (request ids and token ids: what
-AsyncLLM's output handler consumes). The last column decodes further into per-request objects
-(OutputCodec.from_batch, the EngineCoreClient.get_output contract) for comparison.
+Both paths are timed as the engine and frontend run them, including what the scheduler builds:
+- per-output: one EngineCoreOutput per token (vLLM's scheduler does this), msgpack-encode
+  EngineCoreOutputs, decode it into per-request objects;
+- columnar: two appends per token into StepOutput's columns (shoal's scheduler does this),
+  OutputCodec.pack + encode_into a reused buffer, decode + OutputCodec.columns (request ids and
+  token ids: what AsyncLLM's output handler consumes).
+The last column decodes further into per-request objects (OutputCodec.from_batch, the
+EngineCoreClient.get_output contract) for comparison.
 
     python benchmarks/wire.py [--batches 1 32 128 256] [--seconds 0.5]
 """
@@ -19,15 +23,14 @@ import time
 import msgspec
 from shoal.engine import wire
 from shoal.engine.codec import MsgpackDecoder, MsgpackEncoder, OutputCodec
+from shoal.engine.core.sched_output import StepOutput
 
 
-def make_step(batch: int) -> tuple[wire.EngineCoreOutputs, dict[str, int]]:
+def make_step(batch: int) -> tuple[list[str], list[int], wire.SchedulerStats]:
     """One decode step: `batch` requests with OpenAI-style ids, one new token each."""
     ids = [f"chatcmpl-{i:016x}-{(i * 2654435761) % 16**8:08x}" for i in range(batch)]
-    outs = wire.EngineCoreOutputs(
-        outputs=[wire.EngineCoreOutput(rid, [(i * 7919) % 8192]) for i, rid in enumerate(ids)],
-        scheduler_stats=wire.SchedulerStats(batch, 0, 0.42, 0, 0, 0, 123456))
-    return outs, {rid: i for i, rid in enumerate(ids)}
+    tokens = [(i * 7919) % 8192 for i in range(batch)]
+    return ids, tokens, wire.SchedulerStats(batch, 0, 0.42, 0, 0, 0, 123456)
 
 
 def _time_per_call(fn, seconds: float) -> float:
@@ -43,30 +46,49 @@ def _time_per_call(fn, seconds: float) -> float:
 
 
 def measure(batch: int, seconds: float) -> dict:
-    outs, handles = make_step(batch)
+    ids, tokens, stats = make_step(batch)
+    handles = {rid: i for i, rid in enumerate(ids)}
     id_of = {h: rid for rid, h in handles.items()}
+    pairs = list(zip(ids, tokens, strict=True))
+
+    def emit_per_output() -> wire.EngineCoreOutputs:
+        outputs = []
+        for rid, tok in pairs:
+            outputs.append(wire.EngineCoreOutput(rid, [tok]))
+        return wire.EngineCoreOutputs(outputs=outputs, scheduler_stats=stats)
+
+    def emit_columns() -> StepOutput:
+        step = StepOutput(scheduler_stats=stats)
+        rids, toks = step.decode_req_ids, step.decode_token_ids
+        for rid, tok in pairs:
+            rids.append(rid)
+            toks.append(tok)
+        return step
 
     per_enc = msgspec.msgpack.Encoder()
     per_dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs)
-    per_bytes = len(per_enc.encode(outs))
+    per_bytes = len(per_enc.encode(emit_per_output()))
 
     def per_output():
-        per_dec.decode(per_enc.encode(outs))
+        per_dec.decode(per_enc.encode(emit_per_output()))
 
     enc, dec, buf = MsgpackEncoder(), MsgpackDecoder(wire.OutputBatch), bytearray()
-    col_bytes = len(enc.encode_into(OutputCodec.to_batch(outs, handles.get), buf)[0])
+
+    def pack() -> wire.OutputBatch:
+        step = emit_columns()
+        return OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
+                                handles.get, scheduler_stats=step.scheduler_stats)
+
+    col_bytes = len(enc.encode_into(pack(), buf)[0])
 
     def columnar():
-        frames = enc.encode_into(OutputCodec.to_batch(outs, handles.get), buf)
-        OutputCodec.columns(dec.decode(frames), id_of)
+        OutputCodec.columns(dec.decode(enc.encode_into(pack(), buf)), id_of)
 
     def columnar_objects():
-        frames = enc.encode_into(OutputCodec.to_batch(outs, handles.get), buf)
-        OutputCodec.from_batch(dec.decode(frames), id_of)
+        OutputCodec.from_batch(dec.decode(enc.encode_into(pack(), buf)), id_of)
 
-    check = OutputCodec.from_batch(dec.decode(enc.encode(OutputCodec.to_batch(outs, handles.get))),
-                                   id_of)
-    assert check.outputs == outs.outputs
+    check = OutputCodec.from_batch(dec.decode(enc.encode(pack())), id_of)
+    assert check.outputs == emit_per_output().outputs
     return {
         "batch": batch,
         "per_bytes": per_bytes / batch, "col_bytes": col_bytes / batch,

@@ -22,10 +22,12 @@ def make_request(rid: str, num_tokens: int, max_tokens: int = 4, first_token: in
 
 
 def run_step(sched: Scheduler, token: int = 7):
-    """Schedule, then pretend the model sampled `token` for every row that samples."""
+    """Schedule, then pretend the model sampled `token` for every row that samples; the step's
+    outputs in per-request form."""
     out = sched.schedule()
     sampled = {r: token for r, s in zip(out.req_ids, out.sample, strict=True) if s}
-    return out, sched.update_from_output(out, ModelRunnerOutput(sampled))
+    step = sched.update_from_output(out, ModelRunnerOutput(sampled))
+    return out, step.to_engine_core_outputs().outputs
 
 
 def assert_all_blocks_free(sched: Scheduler) -> None:
@@ -150,6 +152,32 @@ def test_abort_is_idempotent_wherever_the_request_is(where):
     while sched.has_unfinished_requests():
         run_step(sched)
     assert_all_blocks_free(sched)
+
+
+def test_decode_tokens_leave_the_scheduler_as_columns_the_rest_whole():
+    sched = make_scheduler()
+    sched.add_request(make_request("a", 5, max_tokens=3))
+    sched.add_request(make_request("b", 5, max_tokens=4))
+    steps = []
+    for token in (11, 12, 13):
+        out = sched.schedule()
+        sampled = {r: token for r, s in zip(out.req_ids, out.sample, strict=True) if s}
+        steps.append(sched.update_from_output(out, ModelRunnerOutput(sampled)))
+    first, middle, last = steps
+    # First tokens are whole outputs (they may report cached prompt tokens).
+    assert (first.decode_req_ids, [o.request_id for o in first.outputs]) == ([], ["a", "b"])
+    assert (middle.decode_req_ids, middle.decode_token_ids, middle.outputs) == (["a", "b"],
+                                                                               [12, 12], [])
+    # "a" reaches max_tokens: a whole output with its finish; "b" goes on in the columns.
+    assert last.decode_req_ids == ["b"] and last.decode_token_ids == [13]
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in last.outputs] == [
+        ("a", [13], wire.FinishReason.LENGTH)]
+    assert last.finished_requests == ["a"]
+    per_request = last.to_engine_core_outputs()
+    assert {o.request_id: o.new_token_ids for o in per_request.outputs} == {"a": [13], "b": [13]}
+    assert per_request.finished_requests == ["a"]
+    last.drop({"b", "a"})
+    assert (last.decode_req_ids, last.decode_token_ids, last.outputs) == ([], [], [])
 
 
 def test_finished_requests_free_blocks_and_reach_the_runner_once():

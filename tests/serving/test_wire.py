@@ -69,6 +69,28 @@ def test_decode_batch_matches_the_fixed_byte_vector():
     assert msgspec.msgpack.encode(batch) == DECODE_BATCH_VECTOR
 
 
+def test_engine_step_columns_pack_to_the_same_byte_vector():
+    """What EngineCoreProc sends (a step's decode columns, never per-token objects) is the very
+    batch the per-request form packs to."""
+    from shoal.engine.core.sched_output import StepOutput
+
+    src = _decode_outputs()
+    step = StepOutput(["a", "b"], [100, 7000], scheduler_stats=src.scheduler_stats)
+    batch = OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
+                             {"a": 1, "b": 2}.get, scheduler_stats=step.scheduler_stats,
+                             timestamp=src.timestamp)
+    assert msgspec.msgpack.encode(batch) == DECODE_BATCH_VECTOR
+
+
+def test_a_decode_column_entry_without_a_handle_travels_whole_by_id():
+    batch = OutputCodec.pack(["h", "x"], [1, 2], [], {"h": 9}.get)
+    assert batch.extra_handles == [-1]
+    back = OutputCodec.from_batch(MsgpackDecoder(wire.OutputBatch).decode(
+        MsgpackEncoder().encode(batch)), {9: "h"})
+    assert sorted(back.outputs, key=lambda o: o.request_id) == [
+        wire.EngineCoreOutput("h", [1]), wire.EngineCoreOutput("x", [2])]
+
+
 def test_fixed_byte_vector_decodes_to_the_same_outputs():
     batch = msgspec.msgpack.decode(DECODE_BATCH_VECTOR, type=wire.OutputBatch)
     outs = OutputCodec.from_batch(batch, {1: "a", 2: "b"})

@@ -170,49 +170,54 @@ class OutputCodec:
     side maps handles back to request ids."""
 
     @staticmethod
-    def to_batch(outs: EngineCoreOutputs, handle_of: Callable[[str], int | None]) -> OutputBatch:
-        """`handle_of(request_id)` -> the handle the request's ADD carried, or None (then the
-        output travels in extras with its full id)."""
-        outputs = outs.outputs
-        # Two comprehensions (the fastest form for msgspec structs; this runs every step for
-        # every running request). -1 marks an output that is not a plain decode token.
-        hs = [handle_of(o.request_id) for o in outputs]
-        toks = [o.new_token_ids[0] if (o.finish_reason is None and o.stop_reason is None
-                                       and not o.num_cached_tokens and len(o.new_token_ids) == 1)
-                else -1 for o in outputs]
-        if not _OTHER_DEFAULTS and -1 not in toks and None not in hs:
-            # The steady state: every output is one plain decode token.
-            handles, tokens = hs, toks
-            extras: list[EngineCoreOutput] = []
-            extra_handles: list[int] = []
-        else:
-            handles, tokens, extras, extra_handles = [], [], [], []
-            for o, h in zip(outputs, hs, strict=True):
-                if h is not None and _is_plain(o):
-                    handles.append(h)
-                    tokens.append(o.new_token_ids[0])
-                elif h is None:
-                    extras.append(o)
-                    extra_handles.append(-1)
-                else:
-                    extras.append(msgspec.structs.replace(o, request_id=""))
-                    extra_handles.append(h)
+    def pack(decode_req_ids: list[str], decode_token_ids: list[int],
+             outputs: list[EngineCoreOutput], handle_of: Callable[[str], int | None],
+             **fields: Any) -> OutputBatch:
+        """Decode-token columns (request ids, token ids) and whole outputs -> OutputBatch, the
+        way the engine sends a step (`fields`: the OutputBatch fields beyond the outputs).
+        `handle_of(request_id)` -> the handle the request's ADD carried, or None: then the
+        output travels in extras with its full id."""
+        handles = list(map(handle_of, decode_req_ids))
+        tokens = decode_token_ids
+        extras: list[EngineCoreOutput] = []
+        extra_handles: list[int] = []
+        if None in handles:  # requests added without a handle (rare): whole, by id
+            keep = [i for i, h in enumerate(handles) if h is not None]
+            extras = [EngineCoreOutput(decode_req_ids[i], [tokens[i]])
+                      for i, h in enumerate(handles) if h is None]
+            extra_handles = [-1] * len(extras)
+            handles, tokens = [handles[i] for i in keep], [tokens[i] for i in keep]
+        for o in outputs:
+            h = handle_of(o.request_id)
+            if h is None:
+                extras.append(o)
+                extra_handles.append(-1)
+            else:
+                extras.append(msgspec.structs.replace(o, request_id=""))
+                extra_handles.append(h)
         hw, handle_bytes = _pack(handles)
         tw, token_bytes = _pack(tokens)
-        return OutputBatch(
-            engine_index=outs.engine_index,
-            handle_width=hw,
-            token_width=tw,
-            handles=handle_bytes,
-            token_ids=token_bytes,
-            extras=extras,
-            extra_handles=extra_handles,
-            scheduler_stats=outs.scheduler_stats,
-            timestamp=outs.timestamp,
-            utility_output=outs.utility_output,
-            finished_requests=outs.finished_requests,
-            rejected=outs.rejected,
-        )
+        return OutputBatch(handle_width=hw, token_width=tw, handles=handle_bytes,
+                           token_ids=token_bytes, extras=extras, extra_handles=extra_handles,
+                           **fields)
+
+    @staticmethod
+    def to_batch(outs: EngineCoreOutputs, handle_of: Callable[[str], int | None]) -> OutputBatch:
+        """The per-request form -> OutputBatch: plain outputs into the columns, the rest whole."""
+        ids: list[str] = []
+        toks: list[int] = []
+        others: list[EngineCoreOutput] = []
+        for o in outs.outputs:
+            if _is_plain(o):
+                ids.append(o.request_id)
+                toks.append(o.new_token_ids[0])
+            else:
+                others.append(o)
+        return OutputCodec.pack(
+            ids, toks, others, handle_of, engine_index=outs.engine_index,
+            scheduler_stats=outs.scheduler_stats, timestamp=outs.timestamp,
+            utility_output=outs.utility_output, finished_requests=outs.finished_requests,
+            rejected=outs.rejected)
 
     @staticmethod
     def columns(batch: OutputBatch, id_of: dict[int, str]

@@ -38,10 +38,10 @@ import zmq
 from shoal.engine import __version__ as ENGINE_VERSION
 from shoal.engine import wire
 from shoal.engine.codec import MsgpackDecoder, MsgpackEncoder, OutputCodec
+from shoal.engine.core.sched_output import StepOutput
 from shoal.engine.wire import (
     PROTOCOL_VERSION,
     EngineCoreOutput,
-    EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
     RequestRejected,
@@ -190,14 +190,14 @@ class EngineCoreProc:
                 return "drain"
             self._drain_input(block=not core.has_unfinished_requests() and not busy)
             if core.has_unfinished_requests():
-                outputs = core.step()
+                step = core.step_output()
                 aborted = self._apply_aborts()
-                self._send_outputs(outputs, aborted)
+                self._send_outputs(step, aborted)
                 busy = True
             elif busy or self.pending_rejections:
                 # Going idle: publish fresh gauges (running 0, KV usage after frees), or they
                 # would show the last busy step until the next request.
-                self._send_outputs(EngineCoreOutputs(scheduler_stats=self.engine_core.make_stats()), set())
+                self._send_outputs(StepOutput(scheduler_stats=self.engine_core.make_stats()), set())
                 busy = False
 
     def _drain_input(self, block: bool = False) -> None:
@@ -263,17 +263,18 @@ class EngineCoreProc:
             self._abort(ids)
         return aborted
 
-    def _send_outputs(self, outs: EngineCoreOutputs, aborted: set[str]) -> None:
+    def _send_outputs(self, step: StepOutput, aborted: set[str]) -> None:
         if aborted:
-            outs.outputs = [o for o in outs.outputs if o.request_id not in aborted]
-        if self.pending_rejections:
-            outs.rejected = (outs.rejected or []) + self.pending_rejections
-            self.pending_rejections = []
-        batch = OutputCodec.to_batch(outs, self.handles.get)
-        for o in outs.outputs:  # handles die with their request, after the batch names them
-            if o.finish_reason is not None:
-                self.live.discard(o.request_id)
-                self.handles.pop(o.request_id, None)
+            step.drop(aborted)
+        rejected, self.pending_rejections = self.pending_rejections or None, []
+        finished = step.finished_requests
+        batch = OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
+                                 self.handles.get, scheduler_stats=step.scheduler_stats,
+                                 finished_requests=finished or None, rejected=rejected,
+                                 timestamp=time.monotonic())
+        for rid in finished:  # handles die with their request, after the batch names them
+            self.live.discard(rid)
+            self.handles.pop(rid, None)
         self.output_queue.put(("batch", batch))
 
     def _utility(self, call: UtilityCall) -> None:
@@ -319,10 +320,10 @@ class EngineCoreProc:
         if aborted:
             logger.info("%s: aborting %d in-flight requests", self.name, len(aborted))
             self.engine_core.abort_requests(aborted)
-            outs = EngineCoreOutputs(outputs=[
+            step = StepOutput(outputs=[
                 EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT) for rid in aborted])
+            self._send_outputs(step, set())
             self.live.clear()
-            self._send_outputs(outs, set())
         self.output_queue.put(("stopped", wire.EngineStopped(os.getpid(), mode, len(aborted))))
         self.output_queue.put(None)
         self.output_thread.join(timeout=10)

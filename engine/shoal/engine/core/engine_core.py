@@ -1,8 +1,8 @@
 """EngineCore: the pure inner loop. It owns the scheduler (and through it the KV cache manager
 and every block table) and the executor; it knows nothing about sockets or processes.
 
-`step()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile ->
-update from output. A process wrapper (the serving side) calls `add_request`,
+`step_output()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile
+-> update from output; `step()` is the same in the per-request form of the wire. A process wrapper (the serving side) calls `add_request`,
 `abort_requests` / `enqueue_aborts` and `step()`; `InprocClient` calls them directly.
 """
 
@@ -14,6 +14,7 @@ import threading
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.request import Request, RequestStatus
+from shoal.engine.core.sched_output import StepOutput
 from shoal.engine.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -109,22 +110,22 @@ class EngineCore:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def step(self) -> wire.EngineCoreOutputs:
-        """Schedule, execute, and make output."""
+    def step_output(self) -> StepOutput:
+        """Schedule, execute, and make output (decode tokens as columns: see StepOutput)."""
         if not self.scheduler.has_requests():
             self._process_aborts_queue()
-            return wire.EngineCoreOutputs()
+            return StepOutput()
         scheduler_output = self.scheduler.schedule()
         model_output = self.model_executor.execute_model(scheduler_output)
         # Aborts that arrived during the forward pass take effect on this same step.
         self._process_aborts_queue()
-        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-        finished = [o.request_id for o in outputs if o.finish_reason is not None]
-        return wire.EngineCoreOutputs(
-            outputs=outputs,
-            scheduler_stats=self.make_stats(),
-            finished_requests=finished or None,
-        )
+        step = self.scheduler.update_from_output(scheduler_output, model_output)
+        step.scheduler_stats = self.make_stats()
+        return step
+
+    def step(self) -> wire.EngineCoreOutputs:
+        """One step, one EngineCoreOutput per request that produced something."""
+        return self.step_output().to_engine_core_outputs()
 
     # -- utilities (allow-listed in UTILITY_METHODS) --------------------------------------
 

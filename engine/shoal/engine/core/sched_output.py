@@ -1,4 +1,5 @@
-"""What crosses from the scheduler to the model runner each step, and back.
+"""What crosses from the scheduler to the model runner each step, and back, and what a step
+hands to whoever drives the EngineCore (StepOutput).
 
 Control data only (token ids, positions, block ids): the runner owns every tensor. The structs
 are plain lists so that a multiprocess executor can serialise them without torch.
@@ -45,3 +46,38 @@ class ModelRunnerOutput:
     """The runner's answer: one sampled token per request whose `sample` flag was set."""
 
     sampled: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StepOutput:
+    """What one EngineCore step produced, before it meets a wire or a client.
+
+    Plain decode tokens (one new token for a request that goes on: most of every step) are two
+    parallel columns, not one EngineCoreOutput each, so EngineCoreProc packs them into the wire's
+    OutputBatch columns without building a per-token object. Everything else (first tokens,
+    finishes, aborts) is a whole EngineCoreOutput in `outputs`."""
+
+    decode_req_ids: list[str] = field(default_factory=list)
+    decode_token_ids: list[int] = field(default_factory=list)
+    outputs: list[wire.EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: wire.SchedulerStats | None = None
+
+    @property
+    def finished_requests(self) -> list[str]:
+        # A column entry never finishes its request: finishes are always whole outputs.
+        return [o.request_id for o in self.outputs if o.finish_reason is not None]
+
+    def drop(self, request_ids: set[str]) -> None:
+        """Forget the outputs of these requests (aborted while the step ran)."""
+        keep = [i for i, r in enumerate(self.decode_req_ids) if r not in request_ids]
+        self.decode_req_ids = [self.decode_req_ids[i] for i in keep]
+        self.decode_token_ids = [self.decode_token_ids[i] for i in keep]
+        self.outputs = [o for o in self.outputs if o.request_id not in request_ids]
+
+    def to_engine_core_outputs(self) -> wire.EngineCoreOutputs:
+        """The per-request form (the EngineCoreClient contract, e.g. InprocClient)."""
+        outputs = [wire.EngineCoreOutput(r, [t])
+                   for r, t in zip(self.decode_req_ids, self.decode_token_ids, strict=True)]
+        return wire.EngineCoreOutputs(outputs=outputs + self.outputs,
+                                      scheduler_stats=self.scheduler_stats,
+                                      finished_requests=self.finished_requests or None)

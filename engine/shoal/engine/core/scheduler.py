@@ -20,7 +20,12 @@ from collections import deque
 from shoal.engine import wire
 from shoal.engine.core.kv_cache_manager import KVCacheManager
 from shoal.engine.core.request import Request, RequestStatus
-from shoal.engine.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from shoal.engine.core.sched_output import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    StepOutput,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +170,11 @@ class Scheduler:
         self.step_counter += 1
         return out
 
-    def update_from_output(
-        self, sched: SchedulerOutput, result: ModelRunnerOutput
-    ) -> list[wire.EngineCoreOutput]:
-        outputs, self._abort_outputs = self._abort_outputs, []
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> StepOutput:
+        step = StepOutput(outputs=self._abort_outputs)
+        self._abort_outputs = []
+        outputs = step.outputs
+        decode_ids, decode_tokens = step.decode_req_ids, step.decode_token_ids
         for rid in sched.req_ids:
             req = self.requests.get(rid)
             token = result.sampled.get(rid)
@@ -176,6 +182,10 @@ class Scheduler:
                 continue
             req.append_output_token(token)
             reason = self._check_stop(req, token)
+            if reason is None and req.num_output_tokens > 1:  # a plain decode token: columns
+                decode_ids.append(rid)
+                decode_tokens.append(token)
+                continue
             out = wire.EngineCoreOutput(rid, [token])
             if req.num_output_tokens == 1:
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
@@ -186,7 +196,7 @@ class Scheduler:
                 self.running.remove(req)
                 self._free(req)
             outputs.append(out)
-        return outputs
+        return step
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
