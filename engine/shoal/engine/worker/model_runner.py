@@ -13,7 +13,8 @@ import logging
 import torch
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from shoal.engine.worker import paged_attention
+from shoal.engine.worker import cpu_kernel, paged_attention
+from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
 from shoal.engine.worker.sampler import sample
@@ -60,6 +61,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.decode_kernel: PagedDecodeKernel | None = None
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
 
     # -- set-up --------------------------------------------------------------------------
@@ -91,6 +93,25 @@ class ModelRunner:
         self.vocab_size = text_cfg.vocab_size
         log.info("loaded %s (%s, %s) on %s", self.config.model, model_cls.__name__,
                  self.dtype, self.device)
+        self._load_decode_kernel(text_cfg.num_attention_heads)
+
+    def _load_decode_kernel(self, num_heads: int) -> None:
+        """The CPU paged-decode kernel where it applies; the torch path otherwise (logged)."""
+        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
+            return
+        group = num_heads // self.num_kv_heads
+        if (self.head_dim > 256 or self.block_size > 64 or num_heads % self.num_kv_heads
+                or group > 16):
+            log.info("decode attention: torch gather + SDPA (head_dim %d, block_size %d, %d "
+                     "query heads per KV head: outside the CPU kernel's limits)",
+                     self.head_dim, self.block_size, group)
+            return
+        self.decode_kernel, how = cpu_kernel.load()
+        if self.decode_kernel is None:
+            log.warning("decode attention: torch gather + SDPA; the CPU paged-decode kernel is "
+                        "unavailable: %s", how)
+        else:
+            log.info("decode attention: CPU paged-decode kernel (%s)", how)
 
     def kv_bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
@@ -131,17 +152,18 @@ class ModelRunner:
 
         decode_rows = [i for i, n in enumerate(lens) if n == 1]
         all_decode = len(decode_rows) == len(lens)
-        decode_idx = decode_table = decode_mask = None
+        decode_idx = decode_table = decode_mask = ctx = None
         if decode_rows:
             rows = torch.tensor(decode_rows, **long)
             ctx = starts[rows] + 1
             num_blocks = -(-max(sched.start_positions[i] + 1 for i in decode_rows) // bs)
             decode_idx = token_offsets[rows]
-            decode_table = table[rows, :num_blocks]
-            keys = torch.arange(num_blocks * bs, device=dev)
-            visible = keys.unsqueeze(0) < ctx.unsqueeze(1)
-            # Additive float masks: the CPU SDPA kernels are several times faster than with bool.
-            decode_mask = self._additive(visible)[:, None, None, :]
+            decode_table = table[rows, :num_blocks].contiguous()
+            if self.decode_kernel is None:
+                keys = torch.arange(num_blocks * bs, device=dev)
+                visible = keys.unsqueeze(0) < ctx.unsqueeze(1)
+                # Additive float masks: the CPU SDPA kernels are several times faster than bool.
+                decode_mask = self._additive(visible)[:, None, None, :]
         prefills = []
         offset = 0
         for i, n in enumerate(lens):
@@ -159,7 +181,9 @@ class ModelRunner:
             offset += n
         meta = PagedAttentionMetadata(slots, decode_idx, decode_table, decode_mask, all_decode,
                                       prefills, self.kv_caches)
-        if decode_table is not None:
+        if self.decode_kernel is not None:
+            meta.decode_kernel, meta.decode_ctx_lens = self.decode_kernel, ctx
+        elif decode_table is not None:
             meta.gather_buffers = self._gather_buffers(decode_table.numel())
         return meta, positions
 

@@ -9,8 +9,9 @@ The batch is packed: one sequence of shape [1, T] holding every scheduled token 
 request, with per-token positions. Per-step metadata (`PagedAttentionMetadata`, built once and
 passed to every layer as the `shoal_attn` keyword) says where each token's K/V goes in the paged
 cache (slot mapping) and which cached keys each query attends to (block tables):
-- decode rows (one new token) are attended in cache-sized groups, padded to the longest context
-  and masked;
+- decode rows (one new token) go to the CPU paged-decode kernel (cpu_kernel.py) where it is
+  loaded: it reads K/V straight from the blocks. Otherwise they are attended in cache-sized
+  groups, gathered, padded to the longest context and masked;
 - prefill chunks (several new tokens) are attended one request at a time; a chunk with no
   cached context uses plain causal attention on its own K/V, without touching the cache.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from transformers import AttentionInterface
 
 ATTN_IMPLEMENTATION = "shoal_paged"
@@ -40,10 +42,12 @@ class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: flat slot (block * block_size + offset) per token
     decode_token_idx: torch.Tensor | None  # [D] rows of the packed batch that are decodes
     decode_block_table: torch.Tensor | None  # [D, nb] long, padded with the null block 0
-    decode_mask: torch.Tensor | None  # [D, 1, 1, nb * block_size] additive: 0 or -inf
+    decode_mask: torch.Tensor | None  # [D, 1, 1, nb * block_size] additive 0/-inf; torch path
     all_decode: bool  # every token is a decode: no scatter back needed
     prefills: list[PrefillChunk]
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [num_blocks, bs, Hkv, D]
+    decode_ctx_lens: torch.Tensor | None = None  # [D] long: context of each decode row (kernel)
+    decode_kernel: PagedDecodeKernel | None = None  # set: decode rows take the CPU kernel
     # Reused destination of the decode gathers (K, V): every layer gathers the same shape, and
     # writing into warm memory avoids page faults on a fresh allocation per layer.
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -66,6 +70,14 @@ DECODE_GROUP_BYTES = 1 << 20
 
 def _decode_attention(qd, k_cache, v_cache, meta: PagedAttentionMetadata, scaling):
     _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if meta.decode_kernel is not None:
+        scale = scaling if scaling is not None else head_dim ** -0.5
+        out = meta.decode_kernel(qd, k_cache, v_cache, meta.decode_block_table,
+                                 meta.decode_ctx_lens, scale)
+        if out is None:  # the runner checked the shapes at load time: this is a bug
+            raise RuntimeError(f"paged decode kernel refused q {tuple(qd.shape)}, cache "
+                               f"{tuple(k_cache.shape)}")
+        return out
     rows, width = meta.decode_block_table.shape
     ctx = width * block_size
     # GQA without expanding K/V: the query heads that share a KV head become that head's

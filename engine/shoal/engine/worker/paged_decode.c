@@ -1,0 +1,102 @@
+// Paged decode attention for CPUs: one query token per row, K and V read straight from the
+// cache blocks named by the row's block table (no gather into a padded copy), a block of tokens at
+// a time with an online softmax. Built by shoal/engine/worker/cpu_kernel.py with the machine's C
+// compiler on first use (plain C, no torch headers: compiles in about a second) and called
+// through ctypes, which releases the GIL for the call.
+//
+// Layouts (all contiguous, row-major):
+//   q, out          [R, Hq, D]        float32 or bfloat16 (is_bf16)
+//   k_cache, v_cache [NB, BS, Hkv, D]  same dtype
+//   table           [R, W] int64      block ids; only the first ceil(ctx[r] / BS) are read
+//   ctx             [R] int64         tokens of context of row r (including the new one)
+// Query heads h * G .. h * G + G - 1 share KV head h (G = Hq / Hkv), as in transformers' GQA.
+// Scores and sums are float32 whatever the storage dtype. Returns 0, or -1 for shapes it does
+// not handle (the caller then uses the torch path).
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#define MAXD 256
+#define MAXG 16
+#define MAXBS 64
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = ((uint32_t)x) << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static inline void load_rows(const void *cache, int is_bf16, int64_t base, int64_t stride,
+                             int64_t cnt, int64_t D, float dst[][MAXD]) {
+    for (int64_t t = 0; t < cnt; t++) {
+        int64_t off = base + t * stride;
+        if (is_bf16) {
+            const uint16_t *p = (const uint16_t *)cache + off;
+            for (int64_t d = 0; d < D; d++) dst[t][d] = bf16_to_f32(p[d]);
+        } else {
+            memcpy(dst[t], (const float *)cache + off, D * sizeof(float));
+        }
+    }
+}
+
+int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
+                 const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
+                 int64_t BS, int64_t W, float scale, int is_bf16) {
+    if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
+    int64_t G = Hq / Hkv;
+    float qf[MAXG][MAXD], acc[MAXG][MAXD], m[MAXG], l[MAXG];
+    float kf[MAXBS][MAXD], vf[MAXBS][MAXD], s[MAXBS];
+    for (int64_t r = 0; r < R; r++) {
+        int64_t n = ctx[r];
+        for (int64_t h = 0; h < Hkv; h++) {
+            for (int64_t g = 0; g < G; g++) {
+                int64_t qoff = (r * Hq + h * G + g) * D;
+                for (int64_t d = 0; d < D; d++) {
+                    qf[g][d] = (is_bf16 ? bf16_to_f32(((const uint16_t *)q)[qoff + d])
+                                        : ((const float *)q)[qoff + d]) * scale;
+                    acc[g][d] = 0.f;
+                }
+                m[g] = -3.0e38f; l[g] = 0.f;  // finite: no inf arithmetic anywhere
+            }
+            for (int64_t j = 0; j * BS < n; j++) {
+                int64_t cnt = n - j * BS < BS ? n - j * BS : BS;
+                int64_t base = (table[r * W + j] * BS * Hkv + h) * D;
+                load_rows(kc, is_bf16, base, Hkv * D, cnt, D, kf);
+                load_rows(vc, is_bf16, base, Hkv * D, cnt, D, vf);
+                for (int64_t g = 0; g < G; g++) {
+                    float bm = -3.0e38f;
+                    for (int64_t t = 0; t < cnt; t++) {
+                        float x = 0.f;
+                        for (int64_t d = 0; d < D; d++) x += qf[g][d] * kf[t][d];
+                        s[t] = x;
+                        bm = x > bm ? x : bm;
+                    }
+                    float nm = bm > m[g] ? bm : m[g];
+                    float c = expf(m[g] - nm);
+                    float sum = 0.f;
+                    for (int64_t t = 0; t < cnt; t++) { s[t] = expf(s[t] - nm); sum += s[t]; }
+                    l[g] = l[g] * c + sum;
+                    for (int64_t d = 0; d < D; d++) acc[g][d] *= c;
+                    for (int64_t t = 0; t < cnt; t++) {
+                        float p = s[t];
+                        for (int64_t d = 0; d < D; d++) acc[g][d] += p * vf[t][d];
+                    }
+                    m[g] = nm;
+                }
+            }
+            for (int64_t g = 0; g < G; g++) {
+                int64_t ooff = (r * Hq + h * G + g) * D;
+                float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+                for (int64_t d = 0; d < D; d++) {
+                    float o = acc[g][d] * inv;
+                    if (is_bf16) ((uint16_t *)out)[ooff + d] = f32_to_bf16(o);
+                    else ((float *)out)[ooff + d] = o;
+                }
+            }
+        }
+    }
+    return 0;
+}

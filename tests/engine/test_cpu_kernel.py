@@ -1,0 +1,116 @@
+"""The CPU paged-decode kernel: built with the machine's compiler, equal to plain attention over
+the gathered context, and an engine that cannot build it falls back to the torch path."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from shoal.engine import wire
+from shoal.engine.worker import cpu_kernel
+
+pytestmark = pytest.mark.skipif(cpu_kernel._compiler() is None, reason="no C compiler here")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k, how = cpu_kernel.load()
+    assert k is not None, how
+    return k
+
+
+def reference(q, k_cache, v_cache, table, ctx, scale):
+    """Plain attention per row over its first ctx tokens, in float64."""
+    _, bs, hkv, d = k_cache.shape
+    group = q.shape[1] // hkv
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for r in range(q.shape[0]):
+        n = int(ctx[r])
+        blocks = table[r, : -(-n // bs)]
+        k = k_cache[blocks].reshape(-1, hkv, d)[:n].double()  # [n, Hkv, D]
+        v = v_cache[blocks].reshape(-1, hkv, d)[:n].double()
+        for h in range(q.shape[1]):
+            s = (k[:, h // group] @ q[r, h].double()) * scale
+            out[r, h] = s.softmax(0) @ v[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4)])
+def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, num_heads,
+                                                           num_kv_heads):
+    gen = torch.Generator().manual_seed(0)
+    num_blocks, bs, d = 64, 16, 64
+    k_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen).to(dtype)
+    ctx = torch.tensor([1, 15, 16, 17, 100, 160])  # in a block, at and across block edges
+    width = 10
+    # Each row owns scattered blocks (not contiguous, not in order); the padding is never read.
+    table = torch.randperm(num_blocks - 1, generator=gen)[: len(ctx) * width].add(1)
+    table = table.reshape(len(ctx), width).contiguous()
+    q = torch.randn(len(ctx), num_heads, d, generator=gen).to(dtype)
+    scale = d ** -0.5
+    out = kernel(q, k_cache, v_cache, table, ctx, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = reference(q, k_cache, v_cache, table, ctx, scale)
+    assert (out.double() - ref).abs().max().item() < tol
+
+
+def test_rows_split_across_threads_give_the_same_bits(kernel):
+    gen = torch.Generator().manual_seed(1)
+    k_cache = torch.randn(128, 16, 2, 64, generator=gen).bfloat16()
+    v_cache = torch.randn(128, 16, 2, 64, generator=gen).bfloat16()
+    rows = 41  # not a multiple of the thread count
+    table = torch.randint(1, 128, (rows, 8), generator=gen)
+    ctx = torch.randint(1, 128, (rows,), generator=gen)
+    q = torch.randn(rows, 4, 64, generator=gen).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(q, k_cache, v_cache, table, ctx, 0.125)
+        torch.set_num_threads(3)
+        split = kernel(q, k_cache, v_cache, table, ctx, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, split)
+
+
+def test_kernel_refuses_shapes_outside_its_limits(kernel):
+    q = torch.zeros(1, 4, 512)  # head_dim above the kernel's 256
+    cache = torch.zeros(2, 16, 4, 512)
+    assert kernel(q, cache, cache, torch.zeros(1, 1, dtype=torch.long),
+                  torch.ones(1, dtype=torch.long), 1.0) is None
+
+
+def test_build_is_cached_by_source_flags_and_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))
+    first = cpu_kernel.build()
+    assert first.parent == tmp_path / "kernels"
+    mtime = first.stat().st_mtime_ns
+    assert cpu_kernel.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+
+
+def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
+        make_llm, tiny_model, tmp_path, monkeypatch, caplog):
+    params = wire.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [[5, 6, 7], list(range(100, 140))]
+    with_kernel = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    runner = with_kernel.engine_core.model_executor.worker.model_runner
+    assert runner.decode_kernel is not None
+    expected = [o.token_ids for o in with_kernel.generate(prompts, params)]
+
+    monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))  # nothing built here yet
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    caplog.set_level("WARNING")
+    fallback = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    assert fallback.engine_core.model_executor.worker.model_runner.decode_kernel is None
+    assert "no C compiler" in caplog.text
+    assert [o.token_ids for o in fallback.generate(prompts, params)] == expected
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(cpu_kernel.DISABLE_ENV, "0")
+    kernel, why = cpu_kernel.load()
+    assert kernel is None and cpu_kernel.DISABLE_ENV in why
