@@ -8,6 +8,7 @@ of its known tokens.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 
 import torch
@@ -43,6 +44,23 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
     if device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
+
+
+def advise_huge_pages(t: torch.Tensor) -> None:
+    """Ask Linux for transparent huge pages under a CPU tensor (madvise; THP's default mode).
+
+    A decode step reads each request's K/V blocks from all over a cache of gigabytes: with 4 KiB
+    pages nearly every block is a TLB miss. Best effort: elsewhere, or if refused, nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        huge, madv_hugepage = 2 << 20, 14
+        start = -(-t.data_ptr() // huge) * huge  # madvise wants an aligned start
+        end = t.data_ptr() + t.numel() * t.element_size()
+        if end - start >= huge:
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t((end - start) // huge * huge),
+                         madv_hugepage)
+    except (OSError, AttributeError):
+        pass
 
 
 def cpu_has_native_bf16() -> bool:
@@ -119,11 +137,14 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(self.num_layers)
-        ]
+        self.kv_caches = [(self._kv_tensor(shape), self._kv_tensor(shape))
+                          for _ in range(self.num_layers)]
+
+    def _kv_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
+        t = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self.device.type == "cpu":
+            advise_huge_pages(t)  # before the first touch, so the zeroing faults in huge pages
+        return t.zero_()
 
     # -- one step ------------------------------------------------------------------------
 
