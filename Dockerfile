@@ -69,6 +69,12 @@ RUN python -m venv /opt/shoal \
  && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[engine]"
 
 FROM base AS engine
+# A C compiler for the CPU paged-decode kernel (docs/engine.md): the engine builds it on its first
+# start into $HOME/.cache/shoal/kernels (about a second); without one it logs why and uses the
+# slower torch decode path.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=engine-venv /opt/shoal /opt/shoal
 # Writable places on a read-only root filesystem: mount an emptyDir at /tmp.
 ENV HOME=/tmp HF_HOME=/tmp/hf TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
