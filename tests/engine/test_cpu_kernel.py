@@ -83,6 +83,12 @@ def test_kernel_refuses_shapes_outside_its_limits(kernel):
                   torch.ones(1, dtype=torch.long), 1.0) is None
 
 
+def test_fits_names_the_limit_a_model_is_outside_of():
+    assert cpu_kernel.fits(64, 16, 12, 4) is None
+    assert "head_dim 512" in cpu_kernel.fits(512, 16, 4, 4)
+    assert "do not divide" in cpu_kernel.fits(64, 16, 6, 4)
+
+
 def test_build_is_cached_by_source_flags_and_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))
     first = cpu_kernel.build()

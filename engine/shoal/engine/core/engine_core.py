@@ -2,8 +2,9 @@
 and every block table) and the executor; it knows nothing about sockets or processes.
 
 `step_output()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile
--> update from output; `step()` is the same in the per-request form of the wire. A process wrapper (the serving side) calls `add_request`,
-`abort_requests` / `enqueue_aborts` and `step()`; `InprocClient` calls them directly.
+-> update from output; `step()` is the same in the per-request form of the wire. The process
+wrapper (the serving side) calls `add_request`, `abort_requests` / `enqueue_aborts` and
+`step_output()`; `InprocClient` calls them and `step()` directly.
 """
 
 from __future__ import annotations

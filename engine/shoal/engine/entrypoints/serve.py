@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                      default=True, help="reuse KV blocks of shared prompt prefixes")
     eng.add_argument("--dtype", default="auto",
                      choices=["auto", "float32", "bfloat16", "float16"],
-                     help="weight/activation/KV dtype; auto = the model's own, but float32 checkpoints "
-                          "run in bfloat16 on CUDA and on CPUs with native bf16 (as vLLM)")
+                     help="weight/activation/KV dtype; auto = the model's own, but float32 "
+                          "checkpoints run in bfloat16 on CUDA and on CPUs with native bf16 "
+                          "(as vLLM)")
     eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     eng.add_argument("--seed", type=int, default=0,
                      help="seed of the engine's generator for unseeded sampled requests")

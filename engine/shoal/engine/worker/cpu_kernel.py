@@ -35,6 +35,20 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-
          "-fno-trapping-math", "-shared", "-fPIC"]
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+# The kernel's fixed buffers (MAXD, MAXBS, MAXG in paged_decode.c).
+MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_GROUP = 256, 64, 16
+
+
+def fits(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int) -> str | None:
+    """None if the kernel handles this model and cache layout, else why not."""
+    if num_heads % num_kv_heads:
+        return f"{num_heads} query heads do not divide into {num_kv_heads} KV heads"
+    if (head_dim > MAX_HEAD_DIM or block_size > MAX_BLOCK_SIZE
+            or num_heads // num_kv_heads > MAX_GROUP):
+        return (f"head_dim {head_dim} (max {MAX_HEAD_DIM}), block_size {block_size} (max "
+                f"{MAX_BLOCK_SIZE}), {num_heads // num_kv_heads} query heads per KV head (max "
+                f"{MAX_GROUP})")
+    return None
 
 
 def _cpu_flags() -> str:
@@ -89,11 +103,11 @@ class PagedDecodeKernel:
     MIN_ROWS_PER_THREAD = 8
 
     def __init__(self, path: Path) -> None:
-        self.path = path
         self._fn = ctypes.CDLL(str(path)).paged_decode
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  table: torch.Tensor, ctx: torch.Tensor, scale: float) -> torch.Tensor | None:
@@ -116,8 +130,11 @@ class PagedDecodeKernel:
         if threads <= 1:
             rc = run(0, rows)
         else:
-            if self._pool is None or self._pool._max_workers < threads:
+            if self._pool_size < threads:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="paged-decode")
+                self._pool_size = threads
             bounds = [rows * i // threads for i in range(threads + 1)]
             rc = min(self._pool.map(run, bounds[:-1], bounds[1:]))
         return out if rc == 0 else None
@@ -132,9 +149,3 @@ def load() -> tuple[PagedDecodeKernel | None, str]:
         return PagedDecodeKernel(path), f"loaded {path}"
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, str(exc)
-
-
-def supports(k_cache: torch.Tensor) -> bool:
-    """The tensors the kernel reads: CPU, float32 or bfloat16, contiguous blocks."""
-    return (k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
-            and k_cache.is_contiguous())

@@ -117,12 +117,10 @@ class ModelRunner:
         """The CPU paged-decode kernel where it applies; the torch path otherwise (logged)."""
         if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
             return
-        group = num_heads // self.num_kv_heads
-        if (self.head_dim > 256 or self.block_size > 64 or num_heads % self.num_kv_heads
-                or group > 16):
-            log.info("decode attention: torch gather + SDPA (head_dim %d, block_size %d, %d "
-                     "query heads per KV head: outside the CPU kernel's limits)",
-                     self.head_dim, self.block_size, group)
+        unfit = cpu_kernel.fits(self.head_dim, self.block_size, num_heads, self.num_kv_heads)
+        if unfit:
+            log.info("decode attention: torch gather + SDPA (outside the CPU kernel's limits: %s)",
+                     unfit)
             return
         self.decode_kernel, how = cpu_kernel.load()
         if self.decode_kernel is None:

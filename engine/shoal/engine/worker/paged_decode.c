@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+// Keep in step with MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_GROUP in cpu_kernel.py.
 #define MAXD 256
 #define MAXG 16
 #define MAXBS 64
