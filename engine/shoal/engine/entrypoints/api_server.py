@@ -187,7 +187,7 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
                 per_choice.append((ids, p))
         return [llm.generate(ids, p, f"{request_id}-{i}") for i, (ids, p) in enumerate(per_choice)]
 
-    async def collect(gens, n_prompt_tokens: list[int]):
+    async def collect(gens):
         texts = [""] * len(gens)
         finish: list[str | None] = [None] * len(gens)
         stop_reason: list = [None] * len(gens)
@@ -198,6 +198,20 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
             if out.finished:
                 finish[i], stop_reason[i] = out.finish_reason, out.stop_reason
         return texts, finish, stop_reason, completion
+
+    async def respond(request: Request, gens, n_prompt: list[int], head: dict,
+                      choice_body) -> Response:
+        """The non-streaming answer: every choice collected, its body `choice_body(text)`; 499 if
+        the client left first (its requests are aborted)."""
+        result = await _until_disconnect(request, collect(gens))
+        if result is None:
+            return Response(status_code=499)
+        texts, finish, stops, completion = result
+        choices = [{"index": i, **choice_body(texts[i]), "logprobs": None,
+                    "finish_reason": finish[i], "stop_reason": stops[i]}
+                   for i in range(len(gens))]
+        return JSONResponse({**head, "choices": choices,
+                             "usage": _usage(sum(n_prompt), sum(completion))})
 
     def sse(obj) -> bytes:
         return b"data: " + _json.encode(obj) + b"\n\n"
@@ -252,18 +266,9 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
             return StreamingResponse(stream_events(gens, chunk, n_prompt, include_usage, []),
                                      media_type="text/event-stream")
 
-        result = await _until_disconnect(request, collect(gens, n_prompt))
-        if result is None:
-            return Response(status_code=499)
-        texts, finish, stops, completion = result
-        return JSONResponse({
-            "id": request_id, "object": "text_completion", "created": created,
-            "model": model_name,
-            "choices": [{"index": i, "text": texts[i], "logprobs": None,
-                         "finish_reason": finish[i], "stop_reason": stops[i]}
-                        for i in range(len(gens))],
-            "usage": _usage(sum(n_prompt), sum(completion)),
-        })
+        head = {"id": request_id, "object": "text_completion", "created": created,
+                "model": model_name}
+        return await respond(request, gens, n_prompt, head, lambda text: {"text": text})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -299,18 +304,10 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
             return StreamingResponse(stream_events(gens, chunk, n_prompt, include_usage, role),
                                      media_type="text/event-stream")
 
-        result = await _until_disconnect(request, collect(gens, n_prompt))
-        if result is None:
-            return Response(status_code=499)
-        texts, finish, stops, completion = result
-        return JSONResponse({
-            "id": request_id, "object": "chat.completion", "created": created,
-            "model": model_name,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                         "logprobs": None, "finish_reason": finish[i], "stop_reason": stops[i]}
-                        for i in range(len(gens))],
-            "usage": _usage(sum(n_prompt), sum(completion)),
-        })
+        head = {"id": request_id, "object": "chat.completion", "created": created,
+                "model": model_name}
+        return await respond(request, gens, n_prompt, head,
+                             lambda text: {"message": {"role": "assistant", "content": text}})
 
     @app.get("/v1/models")
     async def models():
