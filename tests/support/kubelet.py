@@ -45,6 +45,13 @@ def _condition(kind: str, status: bool, reason: str | None = None) -> dict[str, 
     return cond
 
 
+def _pod_conditions(ready: bool) -> list[dict[str, Any]]:
+    """A scheduled, initialised pod's conditions; Ready and ContainersReady follow `ready`."""
+    why = None if ready else "ContainersNotReady"
+    return [_condition("Initialized", True), _condition("Ready", ready, why),
+            _condition("ContainersReady", ready, why), _condition("PodScheduled", True)]
+
+
 def _container_names(pod: client.V1Pod, container: str | None) -> list[str]:
     names = [c.name for c in pod.spec.containers]
     if container is not None and container not in names:
@@ -142,12 +149,7 @@ def set_running(
         "phase": "Running",
         "podIP": _pod_ip(pod),
         "podIPs": [{"ip": _pod_ip(pod)}],
-        "conditions": [
-            _condition("Initialized", True),
-            _condition("Ready", all_ready, None if all_ready else "ContainersNotReady"),
-            _condition("ContainersReady", all_ready, None if all_ready else "ContainersNotReady"),
-            _condition("PodScheduled", True),
-        ],
+        "conditions": _pod_conditions(all_ready),
         "containerStatuses": statuses,
     }
     return _patch(core, pod, status)
@@ -230,12 +232,7 @@ def set_terminated(
         "phase": phase,
         "podIP": _pod_ip(pod),
         "podIPs": [{"ip": _pod_ip(pod)}],
-        "conditions": [
-            _condition("Initialized", True),
-            _condition("Ready", False, "ContainersNotReady"),
-            _condition("ContainersReady", False, "ContainersNotReady"),
-            _condition("PodScheduled", True),
-        ],
+        "conditions": _pod_conditions(ready=False),
         "containerStatuses": statuses,
     }
     return _patch(core, pod, status)
@@ -270,12 +267,7 @@ def set_waiting(
     was_running = bool(pod.status and pod.status.phase == "Running")
     status = {
         "phase": "Running" if was_running else "Pending",
-        "conditions": [
-            _condition("Initialized", True),
-            _condition("Ready", False, "ContainersNotReady"),
-            _condition("ContainersReady", False, "ContainersNotReady"),
-            _condition("PodScheduled", True),
-        ],
+        "conditions": _pod_conditions(ready=False),
         "containerStatuses": statuses,
     }
     return _patch(core, pod, status)
