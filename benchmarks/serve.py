@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import signal
@@ -166,9 +167,11 @@ async def run(args) -> dict:
     }
 
 
-def launch(command: str, base_url: str, timeout: float) -> tuple[subprocess.Popen, float]:
+def launch(command: str, base_url: str, timeout: float,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen, float]:
     start = time.perf_counter()
-    proc = subprocess.Popen(shlex.split(command), start_new_session=True)
+    proc = subprocess.Popen(shlex.split(command), start_new_session=True,
+                            env={**os.environ, **(env or {})})
     while time.perf_counter() - start < timeout:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode} during start-up")

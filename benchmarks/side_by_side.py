@@ -42,16 +42,7 @@ def servers(model: str, args) -> dict[str, tuple[str, dict]]:
 def measure(system: str, command: str, env: dict, model: str, args) -> list[dict]:
     port = 8141 if system == "shoal" else 8142
     base = f"http://127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        proc, startup = launch(command, base, args.startup_timeout)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    proc, startup = launch(command, base, args.startup_timeout, env)
     rows = []
     try:
         for i in range(args.repeat):
