@@ -59,6 +59,13 @@ class EngineConfig:
     seed: int = 0  # seeds the global generator used by unseeded sampled requests
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     enable_chunked_prefill: bool = True  # off: a prompt must fit the token budget in one step
+    # Parallelism (vLLM's flags). T ranks split every layer (tensor parallelism); the ranks are
+    # spread evenly over `nnodes` nodes, node 0 runs the EngineCore and ranks 0..T/nnodes-1.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"  # node 0's address: torch.distributed and the step broadcast
+    master_port: int = 29500  # torch.distributed's store; the group's control link uses +1
     architectures: tuple[str, ...] = ()  # derived from config.json
     model_max_len: int = 0  # derived: the model's own context length
 
@@ -108,6 +115,34 @@ class EngineConfig:
             _fail(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}.")
         if self.num_threads is not None and self.num_threads < 1:
             _fail(f"num_threads must be at least 1, got {self.num_threads}.")
+        self._validate_parallel()
+
+    def _validate_parallel(self) -> None:
+        tp, nnodes = self.tensor_parallel_size, self.nnodes
+        if tp < 1 or nnodes < 1:
+            _fail(f"tensor_parallel_size and nnodes must be at least 1, got {tp} and {nnodes}.")
+        if tp % nnodes:
+            _fail(f"tensor_parallel_size {tp} does not split evenly over nnodes {nnodes}: "
+                  "every node runs the same number of ranks.")
+        if not 0 <= self.node_rank < nnodes:
+            _fail(f"node_rank {self.node_rank} is outside [0, nnodes {nnodes}).")
+        if not 0 < self.master_port < 65535:
+            _fail(f"master_port must be in 1..65534 (the control link uses master_port + 1), "
+                  f"got {self.master_port}.")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group (tensor parallelism only: pipeline parallelism is refused)."""
+        return self.tensor_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    def local_ranks(self, node_rank: int | None = None) -> range:
+        """The global ranks that run on a node (this node by default)."""
+        node = self.node_rank if node_rank is None else node_rank
+        return range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node)
 
     def replace(self, **changes) -> EngineConfig:
         """A validated copy with some fields changed (derived fields are recomputed)."""
