@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 # Bump when model_maker changes what it writes, so stale caches are rebuilt, not reused.
-MODEL_FORMAT = "1"
+MODEL_FORMAT = "2"  # 2: files readable by other users (share_readable)
 
 
 def cache_dir() -> Path:

@@ -166,7 +166,22 @@ def make_model(path: str | os.PathLike, size: str = "tiny", arch: str = "llama")
         pad_token_id=config.pad_token_id,
     )
     model.save_pretrained(out, safe_serialization=True)
+    share_readable(out)
     return out
+
+
+def share_readable(out: Path) -> None:
+    """Make every file readable and every directory searchable by all users.
+
+    Some writers create private files (safetensors' model.safetensors comes out 0600), but a
+    model directory is read by other users: the engine image runs as uid 10001 and mounts the
+    directory read-only, and a 0600 file fails there with an error that reads like a missing
+    model."""
+    for path in [out, *out.rglob("*")]:
+        mode = path.stat().st_mode
+        wanted = mode | (0o755 if path.is_dir() else 0o444)
+        if wanted != mode:
+            path.chmod(wanted)
 
 
 def main(argv: list[str] | None = None) -> int:
