@@ -54,9 +54,11 @@ logger = logging.getLogger("shoal.engine.core_proc")
 
 # UTILITY calls may invoke EngineCore.UTILITY_METHODS plus these, answered here. Anything else
 # is refused: the wire is not an arbitrary-code channel.
-PROC_UTILITIES = frozenset({"ping", "get_num_unfinished_requests", "fail_for_test"})
-# `fail_for_test` (raise inside the busy loop, to exercise the death path end to end) only works
-# when the engine process was started with this variable set to 1.
+PROC_UTILITIES = frozenset({"ping", "get_num_unfinished_requests", "fail_for_test",
+                            "fail_worker_for_test"})
+# `fail_for_test` (raise inside the busy loop) and `fail_worker_for_test` (rank R raises in its
+# K-th step from now), to exercise the death paths end to end, only work when the engine process
+# was started with this variable set to 1 (the workers check it again).
 FAULT_INJECTION_ENV = "SHOAL_ENABLE_FAULT_INJECTION"
 
 HANDSHAKE_TIMEOUT_S = 60.0
@@ -147,6 +149,11 @@ class EngineCoreProc:
         self.config = config
         self.engine_core = EngineCore(config)
         core = self.engine_core
+        executor = core.model_executor
+        if hasattr(executor, "failure_callbacks"):  # a multi-rank group: wake the busy loop
+            executor.failure_callbacks.append(
+                lambda failure: self.input_queue.put((RequestType.EXECUTOR_FAILED, failure)))
+            executor.on_shutdown_request = self._group_shutdown_requested
         logger.info("%s: KV cache %d blocks x %d tokens, max_model_len %d (%.1f s since start)",
                     self.name, core.num_blocks, core.block_size, core.max_model_len,
                     time.monotonic() - self.started)
@@ -160,6 +167,8 @@ class EngineCoreProc:
             num_blocks=int(core.num_blocks),
             block_size=int(core.block_size),
             dtype=str(getattr(core, "dtype", cfg.dtype)).removeprefix("torch."),
+            tensor_parallel_size=int(cfg.tensor_parallel_size),
+            world_size=int(cfg.world_size),
             max_num_seqs=int(cfg.max_num_seqs),
             max_num_batched_tokens=int(cfg.max_num_batched_tokens),
             model=cfg.model,
@@ -221,7 +230,11 @@ class EngineCoreProc:
         elif kind == RequestType.UTILITY:
             self._utility(payload)
         elif kind == RequestType.EXECUTOR_FAILED:
-            raise _Fatal(str(payload))
+            if isinstance(payload, str):
+                raise _Fatal(payload)
+            from shoal.engine.executor.multiproc_executor import WorkerFailedError
+
+            raise WorkerFailedError(payload)
         # WAKEUP: nothing to do
 
     def _add(self, req: EngineCoreRequest) -> None:
@@ -292,6 +305,12 @@ class EngineCoreProc:
                 if os.environ.get(FAULT_INJECTION_ENV) != "1":
                     raise ValueError(f"fault injection is off (set {FAULT_INJECTION_ENV}=1)")
                 raise RuntimeError(str(call.args[0]) if call.args else "injected fault")
+            elif call.method == "fail_worker_for_test":
+                if os.environ.get(FAULT_INJECTION_ENV) != "1":
+                    raise ValueError(f"fault injection is off (set {FAULT_INJECTION_ENV}=1)")
+                rank, steps, message = call.args
+                result = self.engine_core.model_executor.collective_rpc(
+                    "arm_fault_for_test", (int(rank), int(steps), str(message)))
             else:
                 result = self.engine_core.call_utility(call.method, call.args)
             out.result = msgspec.msgpack.encode(result)
@@ -315,6 +334,14 @@ class EngineCoreProc:
         if self.engine_core is None:  # still starting: nothing in flight
             raise SystemExit(0)
 
+    def _group_shutdown_requested(self, req) -> None:
+        """A headless node got SIGTERM: the whole group shuts down, led from here (drain or
+        abort by --shutdown-timeout), through the frontend as for a SIGTERM of our own."""
+        target = self.spec.parent_pid or os.getpid()
+        logger.info("%s: node %d asks the group to shut down; sending SIGTERM to pid %d",
+                    self.name, req.node_rank, target)
+        os.kill(target, signal.SIGTERM)
+
     def _stop_cleanly(self, mode: str) -> int:
         aborted = sorted(self.live)
         if aborted:
@@ -324,6 +351,7 @@ class EngineCoreProc:
                 EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT) for rid in aborted])
             self._send_outputs(step, set())
             self.live.clear()
+        self.engine_core.shutdown()  # workers and headless nodes stop after the last output
         self.output_queue.put(("stopped", wire.EngineStopped(os.getpid(), mode, len(aborted))))
         self.output_queue.put(None)
         self.output_thread.join(timeout=10)
@@ -336,17 +364,39 @@ class EngineCoreProc:
             self.output_queue.put(None)
             self.output_thread.join(timeout=5)
             return 0
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        dead = wire.EngineDead(
-            process=self.name, pid=os.getpid(), rank=self.spec.rank,
-            exc_type=type(exc).__name__, message=str(exc) or repr(exc), traceback=tb,
-            hostname=_socket.gethostname())
-        logger.error("%s: fatal error, engine is dying: %s\n%s", self.name, dead.describe(), tb)
+        failure = getattr(exc, "failure", None)  # WorkerFailedError: a rank failed first
+        if failure is not None:
+            dead = wire.EngineDead(
+                process=failure.process, pid=failure.pid, rank=failure.rank,
+                exc_type=failure.exc_type, message=failure.message,
+                traceback=failure.traceback, hostname=failure.hostname,
+                node_rank=failure.node_rank)
+            logger.error("%s: a rank failed, engine is dying: %s", self.name, dead.describe())
+        else:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            dead = wire.EngineDead(
+                process=self.name, pid=os.getpid(), rank=self.spec.rank,
+                exc_type=type(exc).__name__, message=str(exc) or repr(exc), traceback=tb,
+                hostname=_socket.gethostname())
+            logger.error("%s: fatal error, engine is dying: %s\n%s", self.name, dead.describe(),
+                         tb)
         self.output_queue.put(("dead", dead))
         self.output_queue.put(None)
         self.output_thread.join(timeout=5)
         write_dead_termination(dead)
+        self._stop_executor_after_death()
         return 1
+
+    def _stop_executor_after_death(self) -> None:
+        """Workers and headless nodes go down with the engine (they would wait otherwise)."""
+        executor = getattr(self.engine_core, "model_executor", None)
+        if executor is None:
+            return
+        try:
+            getattr(executor, "abort", executor.shutdown)()
+        except Exception:  # noqa: BLE001 - dying anyway; the cause is already reported
+            logger.exception("%s: stopping the workers after the engine's death failed",
+                             self.name)
 
     def _watch_parent(self) -> None:
         parent = self.spec.parent_pid
@@ -434,6 +484,8 @@ def termination_cause(dead: wire.EngineDead):
     from shoal.engine.termination import Cause
 
     text = dead.message.lower()
+    if dead.exc_type == "NodeLost":
+        return Cause.PEER_LOST
     if dead.exc_type in ("MemoryError", "OutOfMemoryError") or "out of memory" in text:
         return Cause.OUT_OF_MEMORY
     if dead.exc_type == "FileNotFoundError" or "does not exist" in text:

@@ -297,9 +297,12 @@ class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     message: str
     traceback: str = ""
     hostname: str = ""
+    # Multi-node groups: the node the failing process ran on (0 = the EngineCore's node).
+    node_rank: int = 0
 
     def describe(self) -> str:
-        return (f"{self.process} (pid {self.pid}, rank {self.rank}) died: "
+        node = f", node {self.node_rank}" if self.node_rank else ""
+        return (f"{self.process} (pid {self.pid}, rank {self.rank}{node}) died: "
                 f"{self.exc_type}: {self.message}")
 
 

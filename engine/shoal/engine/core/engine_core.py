@@ -21,6 +21,17 @@ from shoal.engine.core.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
+def default_executor_class(config: EngineConfig):
+    """One rank runs inline; a tensor-parallel group runs in worker processes."""
+    if config.world_size > 1:
+        from shoal.engine.executor.multiproc_executor import MultiprocExecutor
+
+        return MultiprocExecutor
+    from shoal.engine.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor
+
+
 class EngineCore:
     # Methods a client may call by name through `call_utility` (the UTILITY request).
     UTILITY_METHODS = frozenset({"get_kv_stats", "reset_prefix_cache", "get_engine_info",
@@ -28,7 +39,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, executor_class=None) -> None:
         if executor_class is None:
-            from shoal.engine.executor.uniproc_executor import UniProcExecutor as executor_class
+            executor_class = default_executor_class(config)
         self.config = config
         self.model_executor = executor_class(config)
         self.num_blocks = self.model_executor.determine_num_kv_blocks()

@@ -86,17 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
                           "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
                           "ones for up to N seconds, then abort the rest")
-    par = p.add_argument_group("parallelism (accepted for the operator; one rank is implemented)")
+    par = p.add_argument_group("parallelism (docs/serving.md, \"More than one rank\")")
     par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                     help="ranks per model replica (only 1 is implemented)")
+                     help="ranks per model replica; every layer is split over them")
     par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                      help="pipeline stages (only 1 is implemented)")
-    par.add_argument("--nnodes", type=int, default=1, help="nodes in the group (only 1)")
-    par.add_argument("--node-rank", type=int, default=0, help="this node's rank in the group")
-    par.add_argument("--master-addr", default=None, help="rank-0 address for multi-node groups")
-    par.add_argument("--master-port", type=int, default=None, help="rank-0 port for multi-node")
+    par.add_argument("--nnodes", type=int, default=1,
+                     help="nodes the ranks are spread over (tensor-parallel-size / nnodes each)")
+    par.add_argument("--node-rank", type=int, default=0,
+                     help="this node's rank in the group; nodes other than 0 run --headless")
+    par.add_argument("--master-addr", default="127.0.0.1",
+                     help="node 0's address: torch.distributed, step broadcast, group link")
+    par.add_argument("--master-port", type=int, default=29500,
+                     help="node 0's torch.distributed port (multi-node; the group link uses "
+                          "port + 1)")
     par.add_argument("--headless", action="store_true",
-                     help="run workers only (no API server) on a non-zero node rank")
+                     help="run this node's workers only (no API server, no scheduler); needs "
+                          "--nnodes > 1 and --node-rank > 0")
     p.add_argument("--engine-host", default=None,
                    help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -120,16 +126,16 @@ def _config_error(message: str) -> int:
 
 
 def _check_parallelism(args) -> str | None:
-    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1 or args.nnodes < 1:
-        return "--tensor-parallel-size, --pipeline-parallel-size and --nnodes must be >= 1"
-    if not 0 <= args.node_rank < args.nnodes:
-        return f"--node-rank {args.node_rank} is outside [0, --nnodes {args.nnodes})"
-    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1 or args.nnodes > 1:
-        return (f"multi-rank execution (tensor-parallel-size {args.tensor_parallel_size}, "
-                f"pipeline-parallel-size {args.pipeline_parallel_size}, nnodes {args.nnodes}) is "
-                "not implemented in shoal's engine yet; run one rank per replica (tp=1, nnodes=1)")
-    if args.headless:
-        return "--headless is only meaningful with --nnodes > 1 on a non-zero --node-rank"
+    """What EngineConfig cannot know: the pipeline flag and the node roles."""
+    if args.pipeline_parallel_size != 1:
+        return (f"--pipeline-parallel-size {args.pipeline_parallel_size} is not implemented; "
+                "shoal splits a model over ranks with --tensor-parallel-size only")
+    if args.headless and (args.nnodes < 2 or args.node_rank < 1):
+        return (f"--headless runs the workers of a non-zero node of a multi-node group; got "
+                f"--nnodes {args.nnodes} --node-rank {args.node_rank}")
+    if args.node_rank > 0 and not args.headless:
+        return (f"--node-rank {args.node_rank} runs no API server: add --headless (node 0 runs "
+                "the server and the EngineCore)")
     return None
 
 
@@ -159,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed,
-            num_threads=args.num_threads)
+            num_threads=args.num_threads, tensor_parallel_size=args.tensor_parallel_size,
+            nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+            master_port=args.master_port)
     except ValueError as exc:
         return _config_error(str(exc))
+    if args.headless:
+        from shoal.engine.executor.headless import run_headless
+
+        return run_headless(config)
     names = args.served_model_name or [args.model]
 
     # Until uvicorn installs its handlers: a signal during start-up stops start-up cleanly.
