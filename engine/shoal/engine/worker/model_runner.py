@@ -14,7 +14,7 @@ import logging
 import torch
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from shoal.engine.worker import cpu_kernel, paged_attention
+from shoal.engine.worker import cpu_kernel, paged_attention, tensor_parallel
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
@@ -71,9 +71,16 @@ def cpu_has_native_bf16() -> bool:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+    """One rank's model. With tensor_parallel_size T > 1 it holds this rank's shard of every
+    layer (tensor_parallel.py) and a KV cache for its local KV heads; torch.distributed must be
+    initialised (default group = the T ranks) before load_model(). Every rank computes the same
+    full logits and samples with the same seeds, so all ranks sample the same tokens."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, rank: int = 0) -> None:
         self.config = config
         self.device = device
+        self.rank = rank
+        self.world_size = config.tensor_parallel_size
         self.block_size = config.block_size
         self.model = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -98,6 +105,9 @@ class ModelRunner:
             raise ValueError(f"unsupported architecture {model_cls.__name__}: its transformers "
                              "implementation does not route attention through AttentionInterface, "
                              "so shoal cannot plug in its paged KV cache.")
+        name = f"{self.config.model} ({model_cls.__name__})"
+        if self.world_size > 1:  # refuse a T that does not split the model before loading it
+            tensor_parallel.check_shardable(hf_config.get_text_config(), self.world_size, name)
         self.dtype = resolve_dtype(self.config.dtype, hf_config, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.config.model, dtype=self.dtype,
@@ -105,13 +115,17 @@ class ModelRunner:
         ).to(self.device).eval()
         text_cfg = self.model.config.get_text_config()
         self.num_layers = text_cfg.num_hidden_layers
-        self.num_kv_heads = text_cfg.num_key_value_heads
+        num_heads, self.num_kv_heads = text_cfg.num_attention_heads, text_cfg.num_key_value_heads
+        if self.world_size > 1:
+            tensor_parallel.shard_model(self.model, self.rank, self.world_size, name)
+            num_heads, self.num_kv_heads = tensor_parallel.local_head_counts(text_cfg,
+                                                                              self.world_size)
         self.head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads)
         self.vocab_size = text_cfg.vocab_size
-        log.info("loaded %s (%s, %s) on %s", self.config.model, model_cls.__name__,
-                 self.dtype, self.device)
-        self._load_decode_kernel(text_cfg.num_attention_heads)
+        log.info("loaded %s (%s, %s) on %s, tensor-parallel rank %d of %d", self.config.model,
+                 model_cls.__name__, self.dtype, self.device, self.rank, self.world_size)
+        self._load_decode_kernel(num_heads)
 
     def _load_decode_kernel(self, num_heads: int) -> None:
         """The CPU paged-decode kernel where it applies; the torch path otherwise (logged)."""

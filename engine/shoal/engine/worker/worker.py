@@ -39,7 +39,7 @@ class Worker:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         torch.manual_seed(self.config.seed)
-        self.model_runner = ModelRunner(self.config, self.device)
+        self.model_runner = ModelRunner(self.config, self.device, self.rank)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
