@@ -31,6 +31,7 @@ def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube):
     r = _fresh(control_plane)
     r.reconcile(body)
     assert _writes(r) == {"create deployments": 1, "create services": 2, "create configmaps": 1,
+                          "create serviceaccounts": 1, "create roles": 1, "create rolebindings": 1,
                           "create poddisruptionbudgets": 1, "create pods": 4,
                           "patch/status inferenceengines": 1}
     r.kube.writes.clear()

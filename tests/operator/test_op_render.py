@@ -41,7 +41,8 @@ def test_one_pod_per_rank_per_group_with_stable_names():
     names = sorted(p["metadata"]["name"] for p in kinds["Pod"])
     assert names == [f"llm-g{g}-r{r}" for g in range(3) for r in range(2)]
     assert {k: len(v) for k, v in kinds.items() if k != "Pod"} == {
-        "Deployment": 1, "Service": 2, "ConfigMap": 1, "PodDisruptionBudget": 1}
+        "Deployment": 1, "Service": 2, "ConfigMap": 1, "PodDisruptionBudget": 1,
+        "ServiceAccount": 1, "Role": 1, "RoleBinding": 1}
 
 
 @pytest.mark.parametrize(

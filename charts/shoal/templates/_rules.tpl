@@ -22,9 +22,21 @@ cluster-scoped rules always need the ClusterRole.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
-# Frontend Service, headless ranks Service, discovery ConfigMap.
+# Frontend Service, headless ranks Service.
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
+  verbs: ["get", "create", "patch"]
+# The discovery ConfigMap; list/watch because the frontends' Role grants them on it (RBAC lets
+# the operator grant only what it holds).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The frontends' ServiceAccount, Role and RoleBinding (they read the discovery ConfigMap).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
 # Engine deaths, restarts and drains as Events.
 - apiGroups: [""]

@@ -18,7 +18,8 @@ from kubernetes.client.exceptions import ApiException
 
 PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Event": "events",
            "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
-           "InferenceEngine": "inferenceengines"}
+           "InferenceEngine": "inferenceengines", "ServiceAccount": "serviceaccounts",
+           "Role": "roles", "RoleBinding": "rolebindings"}
 
 
 def load_config() -> client.ApiClient:

@@ -17,8 +17,14 @@ RULES: list[dict] = [
     {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/finalizers"], "verbs": ["update"]},
     # Engine pods are owned directly: listed and watched, created, deleted (never updated).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
-    # Frontend Service, headless ranks Service, discovery ConfigMap: created, then patched on change.
-    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["get", "create", "patch"]},
+    # Frontend Service, headless ranks Service: created, then patched on change.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch"]},
+    # The discovery ConfigMap: created, then patched; list/watch only because the frontends' Role
+    # grants them on it, and RBAC lets the operator grant only what it holds.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # The frontends' ServiceAccount, and its Role and RoleBinding (read the discovery ConfigMap).
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create", "patch"]},
     # Engine deaths, restarts and drains as Events (ours and kopf's own error reports).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # The frontend Deployment.

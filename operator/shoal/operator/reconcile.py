@@ -27,7 +27,7 @@ from shoal.operator import events, render
 from shoal.operator import labels as L
 from shoal.operator.backoff import restart_delay, restarts_exhausted
 from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
-from shoal.operator.kube import Kube
+from shoal.operator.kube import PLURALS, Kube
 from shoal.operator.observed import (
     PassState,
     iso,
@@ -196,7 +196,9 @@ class Reconciler(OrderedStop):
     # ---- singletons ----------------------------------------------------------------------
 
     def _apply_singletons(self, body: dict) -> None:
-        objs = [render.frontend_deployment(body), render.frontend_service(body), render.ranks_service(body)]
+        objs = [render.frontend_service_account(body), render.frontend_role(body),
+                render.frontend_role_binding(body), render.frontend_deployment(body),
+                render.frontend_service(body), render.ranks_service(body)]
         pdb = self.pdb_api_version()
         if pdb:
             objs.append(render.pod_disruption_budget(body, pdb))
@@ -211,14 +213,13 @@ class Reconciler(OrderedStop):
         cached = self._applied.get(key)
         if cached and cached[0] == want and time.monotonic() - cached[1] < SINGLETON_CACHE_SECONDS:
             return
-        plural = {"Deployment": "deployments", "Service": "services", "ConfigMap": "configmaps",
-                  "PodDisruptionBudget": "poddisruptionbudgets"}[obj["kind"]]
+        plural = PLURALS[obj["kind"]]
         have = self.kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
         if have is None:
             self.kube.create(obj)
         elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
             patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
-            patch.update({k: v for k, v in obj.items() if k in ("spec", "data")})
+            patch.update({k: v for k, v in obj.items() if k in ("spec", "data", "rules", "subjects")})
             self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
         self._applied[key] = (want, time.monotonic())
 

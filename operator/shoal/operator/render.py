@@ -111,6 +111,12 @@ def frontend_deployment(body: dict) -> dict:
         # Alive = the process listens; engines being down is not a reason to restart a frontend.
         "livenessProbe": {"tcpSocket": {"port": L.HTTP_PORT}, "periodSeconds": 10, "failureThreshold": 6},
         "volumeMounts": [{"name": "discovery", "mountPath": L.DISCOVERY_MOUNT, "readOnly": True}],
+        # The frontend also watches the discovery ConfigMap through the API (its own
+        # ServiceAccount may read only that ConfigMap): the kubelet refreshes the mounted file
+        # up to a minute late, the watch within a second.
+        "env": [{"name": "SHOAL_DISCOVERY_CONFIGMAP", "value": L.discovery_name(name)},
+                {"name": "POD_NAMESPACE",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if fe.get("resources"):
@@ -126,6 +132,7 @@ def frontend_deployment(body: dict) -> dict:
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
+                    "serviceAccountName": L.frontend_name(name),
                     "containers": [container],
                     "volumes": [{"name": "discovery", "configMap": {"name": L.discovery_name(name)}}],
                     "terminationGracePeriodSeconds": grace_seconds(spec),
@@ -134,6 +141,35 @@ def frontend_deployment(body: dict) -> dict:
         },
     }
     return _with_hash(dep, dep["spec"])
+
+
+def frontend_service_account(body: dict) -> dict:
+    """The frontends' identity: it may read the discovery ConfigMap and nothing else."""
+    name = body["metadata"]["name"]
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount",
+          "metadata": _meta(body, L.frontend_name(name), L.COMPONENT_FRONTEND)}
+    return _with_hash(sa, {})
+
+
+def frontend_role(body: dict) -> dict:
+    name = body["metadata"]["name"]
+    rules = [{"apiGroups": [""], "resources": ["configmaps"],
+              "resourceNames": [L.discovery_name(name)], "verbs": ["get", "list", "watch"]}]
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(body, L.frontend_name(name), L.COMPONENT_FRONTEND), "rules": rules}
+    return _with_hash(role, rules)
+
+
+def frontend_role_binding(body: dict) -> dict:
+    name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(body, L.frontend_name(name), L.COMPONENT_FRONTEND),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": L.frontend_name(name)},
+        "subjects": [{"kind": "ServiceAccount", "name": L.frontend_name(name), "namespace": ns}],
+    }
+    return _with_hash(binding, {"roleRef": binding["roleRef"], "subjects": binding["subjects"]})
 
 
 def frontend_service(body: dict) -> dict:
@@ -316,7 +352,8 @@ def render_children(body: dict, *, pdb_api_version: str | None = "policy/v1",
     """Every child object for `body` at its current spec, all groups at the current revision.
     `pdb_api_version=None` leaves the PDB out (a server without the policy API)."""
     replicas = int(spec_of(body).get("replicas", 1))
-    out = [frontend_deployment(body), frontend_service(body),
+    out = [frontend_service_account(body), frontend_role(body), frontend_role_binding(body),
+           frontend_deployment(body), frontend_service(body),
            discovery_configmap(body, ready_groups or []), ranks_service(body)]
     if pdb_api_version:
         out.append(pod_disruption_budget(body, pdb_api_version))

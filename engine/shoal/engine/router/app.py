@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine import __version__
+from shoal.engine.router import k8s_discovery
 from shoal.engine.router.discovery import Discovery, DiscoveryWatcher
 from shoal.engine.router.errors import error_response, no_group_message
 from shoal.engine.router.health import HealthProber
@@ -42,6 +43,8 @@ class Router:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
         self.proxy = Proxy(self.picker, self.metrics, self.client)
         self.prober = HealthProber(self.picker, self.client, probe_interval)
+        # In a pod the operator set up: the ConfigMap from the API (seconds, not a kubelet sync).
+        self.api_source = k8s_discovery.from_environment(self.watcher)
 
     def _on_discovery(self, found: Discovery) -> None:
         self.picker.set_groups(found.groups)
@@ -68,6 +71,8 @@ class Router:
         self.watcher.check()
         tasks = [asyncio.ensure_future(self.watcher.run()),
                  asyncio.ensure_future(self.prober.run())]
+        if self.api_source is not None:
+            tasks.append(asyncio.ensure_future(self.api_source.run()))
         try:
             yield
         finally:

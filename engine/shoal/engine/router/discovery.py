@@ -88,9 +88,14 @@ class DiscoveryWatcher:
         self.current: Discovery | None = None
         self.problem: str | None = None
         self._seen: tuple | None | str = "never"
+        self.api_active = False  # set by the API source once it has delivered
 
     def check(self) -> None:
-        """Re-read the file if it changed since the last check."""
+        """Re-read the file if it changed since the last check. Once the Kubernetes API source
+        (k8s_discovery.py) has delivered, the file is only a fallback and is not read: the
+        kubelet refreshes it up to a minute late and must not roll a newer list back."""
+        if self.api_active:
+            return
         sig = _signature(self.path)
         if sig == self._seen:
             return
@@ -100,16 +105,26 @@ class DiscoveryWatcher:
             return
         try:
             with open(self.path, encoding="utf-8") as f:
-                found = parse_discovery(f.read())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
             self._report(f"discovery file {self.path} is invalid: {exc}")
             return
+        self.offer(text, f"discovery file {self.path}")
+
+    def offer(self, text: str, source: str) -> bool:
+        """Use `text` (the discovery JSON) from `source` if it is valid; False if it is not."""
+        try:
+            found = parse_discovery(text)
+        except ValueError as exc:
+            self._report(f"{source} is invalid: {exc}")
+            return False
         if self.problem:
-            logger.info("discovery file %s is valid again", self.path)
+            logger.info("%s is valid again", source)
         self.problem = None
         if found != self.current:
             self.current = found
             self.on_change(found)
+        return True
 
     def _report(self, problem: str) -> None:
         if problem != self.problem:
