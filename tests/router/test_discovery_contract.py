@@ -1,0 +1,50 @@
+"""The operator's discovery data, as `render` produces it, is what the frontend's parser reads:
+one part's real output fed into the other (no hand-typed copy of the format)."""
+
+from __future__ import annotations
+
+import pytest
+from shoal.engine.router.discovery import DiscoveryWatcher, Group, parse_discovery
+from shoal.operator import labels as L
+from shoal.operator import render
+
+
+def _body(name: str = "llm", ns: str = "prod", replicas: int = 3) -> dict:
+    return {"apiVersion": L.API_VERSION, "kind": L.KIND,
+            "metadata": {"name": name, "namespace": ns, "uid": "u-1"},
+            "spec": {"model": "/models/m", "servedModelName": "tiny", "replicas": replicas}}
+
+
+@pytest.mark.parametrize("ready", [[], [0], [0, 2], [2, 1, 0]])
+def test_rendered_configmap_parses_into_the_ready_groups(ready):
+    cm = render.discovery_configmap(_body(), ready)
+    found = parse_discovery(cm["data"][L.DISCOVERY_FILE])
+    assert found.model == "tiny"
+    assert found.groups == tuple(
+        Group(g, f"http://llm-g{g}-r0.llm-ranks.prod.svc:{L.HTTP_PORT}") for g in sorted(ready))
+
+
+def test_the_frontend_mounts_and_watches_what_the_operator_writes(tmp_path):
+    """The frontend Deployment's discovery path/env point at the ConfigMap the operator writes;
+    the watcher reads the rendered data from that path."""
+    body = _body()
+    dep = render.frontend_deployment(body)
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = container["args"][container["args"].index("--engine-discovery-file") + 1]
+    (mount,) = container["volumeMounts"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    cm = render.discovery_configmap(body, [1])
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    assert path == f"{mount['mountPath']}/{L.DISCOVERY_FILE}"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SHOAL_DISCOVERY_CONFIGMAP"]["value"] == cm["metadata"]["name"]
+    assert pod["serviceAccountName"] == render.frontend_role_binding(body)["subjects"][0]["name"]
+    (rule,) = render.frontend_role(body)["rules"]
+    assert rule["resourceNames"] == [cm["metadata"]["name"]] and "watch" in rule["verbs"]
+
+    local = tmp_path / L.DISCOVERY_FILE
+    local.write_text(cm["data"][L.DISCOVERY_FILE])
+    seen = []
+    DiscoveryWatcher(str(local), seen.append).check()
+    assert [d.groups for d in seen] == [(Group(1, "http://llm-g1-r0.llm-ranks.prod.svc:8000"),)]
