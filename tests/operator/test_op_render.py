@@ -204,3 +204,13 @@ def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
     assert parsed.shutdown_timeout == 30 and parsed.max_model_len == 512
     if nodes == 1:
         assert serve._check_parallelism(parsed) is None
+
+
+def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not():
+    multi = _by_kind(render.render_children(engine().groups(2).ranks(2).obj()))["Pod"]
+    for pod in multi:
+        (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"][L.LABEL_GROUP] == pod["metadata"]["labels"][L.LABEL_GROUP]
+    single = _by_kind(render.render_children(engine().groups(2).ranks(1).obj()))["Pod"]
+    assert all("affinity" not in p["spec"] for p in single)

@@ -314,7 +314,7 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
         container["volumeMounts"].append({"name": "model", "mountPath": mv.get("mountPath", "/models"),
                                           "readOnly": True})
     extra = {L.LABEL_GROUP: str(group), L.LABEL_RANK: str(rank), L.LABEL_REVISION: engine_revision(spec)}
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(body, L.pod_name(name, group, rank), L.COMPONENT_ENGINE, extra),
@@ -329,6 +329,13 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
             "volumes": volumes,
         },
     }
+    if int(spec.get("nodesPerGroup", 1)) > 1:
+        # One rank per node: the ranks of a group split the model over nodes (and their
+        # devices); two on one node would share what each expects to have alone.
+        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {**engine_selector(name), L.LABEL_GROUP: str(group)}},
+            "topologyKey": "kubernetes.io/hostname"}]}}
+    return pod
 
 
 def group_pods(body: dict, group: int) -> list[dict]:
