@@ -1,7 +1,7 @@
 """Tensor parallelism: T real processes (gloo on loopback) give the unsharded model's logits.
 
-Each world size is one group of spawned processes that runs every model in turn through the real
-ModelRunner path (paged attention, KV cache, sampling) on a fixed three-step script: full
+One spawned launcher forks four ranks; for each world size (4, then 2 on ranks 0-1) they join a
+gloo group and run every model in turn through the real ModelRunner path (paged attention, KV cache, sampling) on a fixed three-step script: full
 prefills, a chunked prefill with cached context, decodes (CPU kernel and torch path), greedy and
 random sampling. The reference is the same script with tensor_parallel_size 1 in this process.
 Models: the project's tiny/small Llama and tiny Qwen2, and tiny random Qwen3 (per-head q/k
@@ -12,8 +12,11 @@ and Gemma-2. T=4 on 4 query / 2 KV heads exercises KV-head replication.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import socket
 import types
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -61,16 +64,21 @@ def script() -> list[SchedulerOutput]:
 
 def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict:
     """The script through a real ModelRunner; the logits are caught on their way to sampling."""
-    import os
-
     from shoal.engine.worker import model_runner as mr
 
-    os.environ["SHOAL_CPU_KERNEL"] = "1" if cpu_kernel else "0"
     config = EngineConfig(model=model, dtype="float32", tensor_parallel_size=world_size,
                           block_size=BLOCK_SIZE, max_model_len=64, num_kv_blocks=16,
                           kv_cache_memory_bytes=1 << 20, seed=5)
     runner = mr.ModelRunner(config, torch.device("cpu"), rank)
-    runner.load_model()
+    previous = os.environ.get("SHOAL_CPU_KERNEL")
+    os.environ["SHOAL_CPU_KERNEL"] = "1" if cpu_kernel else "0"
+    try:
+        runner.load_model()
+    finally:  # this also runs in the pytest process: leave the environment as it was
+        if previous is None:
+            del os.environ["SHOAL_CPU_KERNEL"]
+        else:
+            os.environ["SHOAL_CPU_KERNEL"] = previous
     runner.initialize_kv_cache(16)
     logits, sampled = [], []
     real_sample = mr.sample
@@ -100,7 +108,7 @@ def _group_main(rank: int, groups: list, out_dir: str) -> None:
         if rank >= world_size:
             return
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, timeout=timedelta(seconds=120))
         try:
             for name, model, kernel in jobs:
                 result = run_script(model, world_size, rank, kernel)
@@ -114,6 +122,7 @@ def _launcher(groups: list, out_dir: str) -> None:
     process is safe; the pytest process may hold threads)."""
     import importlib
 
+    os.setpgid(0, 0)  # its own process group: a timeout kills the launcher and its ranks at once
     for name in PRELOAD:
         importlib.import_module(name)
     torch.set_num_threads(1)
@@ -202,7 +211,7 @@ def results(models, tmp_path_factory) -> dict:
     launcher.start()
     launcher.join(timeout=LAUNCH_TIMEOUT_S)
     if launcher.is_alive():
-        launcher.kill()
+        os.killpg(launcher.pid, signal.SIGKILL)
         launcher.join()
         pytest.fail(f"tensor-parallel ranks still running after {LAUNCH_TIMEOUT_S}s")
     assert launcher.exitcode == 0, f"a rank failed (exit code {launcher.exitcode}), see stderr"
