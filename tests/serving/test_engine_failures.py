@@ -93,9 +93,9 @@ def test_start_up_failure_exits_1_with_the_engines_own_error(serve_factory):
 
 
 def test_bad_flags_exit_2_with_a_clear_message(serve_factory):
-    server = serve_factory("--tensor-parallel-size", "2")
+    server = serve_factory("--pipeline-parallel-size", "2")
     assert server.wait_exit(60) == 2
-    assert "multi-rank execution" in server.log()
+    assert "--pipeline-parallel-size 2 is not implemented" in server.log()
     assert json.loads(server.termination_log.read_text())["cause"] == "config_error"
 
 

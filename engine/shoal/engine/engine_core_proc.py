@@ -54,11 +54,10 @@ logger = logging.getLogger("shoal.engine.core_proc")
 
 # UTILITY calls may invoke EngineCore.UTILITY_METHODS plus these, answered here. Anything else
 # is refused: the wire is not an arbitrary-code channel.
-PROC_UTILITIES = frozenset({"ping", "get_num_unfinished_requests", "fail_for_test",
-                            "fail_worker_for_test"})
-# `fail_for_test` (raise inside the busy loop) and `fail_worker_for_test` (rank R raises in its
-# K-th step from now), to exercise the death paths end to end, only work when the engine process
-# was started with this variable set to 1 (the workers check it again).
+PROC_UTILITIES = frozenset({"ping", "get_num_unfinished_requests", "fail_for_test"})
+# `fail_for_test` (raise inside the busy loop, to exercise the death path end to end) only works
+# when the engine process was started with this variable set to 1; so does a worker's
+# WORKER_FAULT_ENV (executor/worker_proc.py).
 FAULT_INJECTION_ENV = "SHOAL_ENABLE_FAULT_INJECTION"
 
 HANDSHAKE_TIMEOUT_S = 60.0
@@ -305,12 +304,6 @@ class EngineCoreProc:
                 if os.environ.get(FAULT_INJECTION_ENV) != "1":
                     raise ValueError(f"fault injection is off (set {FAULT_INJECTION_ENV}=1)")
                 raise RuntimeError(str(call.args[0]) if call.args else "injected fault")
-            elif call.method == "fail_worker_for_test":
-                if os.environ.get(FAULT_INJECTION_ENV) != "1":
-                    raise ValueError(f"fault injection is off (set {FAULT_INJECTION_ENV}=1)")
-                rank, steps, message = call.args
-                result = self.engine_core.model_executor.collective_rpc(
-                    "arm_fault_for_test", (int(rank), int(steps), str(message)))
             else:
                 result = self.engine_core.call_utility(call.method, call.args)
             out.result = msgspec.msgpack.encode(result)

@@ -189,27 +189,33 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
 
     async def collect(gens):
         texts = [""] * len(gens)
+        tokens: list[list[int]] = [[] for _ in gens]
         finish: list[str | None] = [None] * len(gens)
         stop_reason: list = [None] * len(gens)
         completion = [0] * len(gens)
         async for i, out in _choices(gens):
             texts[i] += out.text
+            tokens[i] += out.token_ids
             completion[i] = out.num_output_tokens
             if out.finished:
                 finish[i], stop_reason[i] = out.finish_reason, out.stop_reason
-        return texts, finish, stop_reason, completion
+        return texts, finish, stop_reason, completion, tokens
 
     async def respond(request: Request, gens, n_prompt: list[int], head: dict,
-                      choice_body) -> Response:
+                      choice_body, prompt_ids: list[list[int]] | None = None) -> Response:
         """The non-streaming answer: every choice collected, its body `choice_body(text)`; 499 if
-        the client left first (its requests are aborted)."""
+        the client left first (its requests are aborted). With `prompt_ids` (vLLM's
+        return_token_ids) each choice also carries its prompt's and its own token ids."""
         result = await _until_disconnect(request, collect(gens))
         if result is None:
             return Response(status_code=499)
-        texts, finish, stops, completion = result
+        texts, finish, stops, completion, tokens = result
         choices = [{"index": i, **choice_body(texts[i]), "logprobs": None,
                     "finish_reason": finish[i], "stop_reason": stops[i]}
                    for i in range(len(gens))]
+        if prompt_ids is not None:
+            for i, c in enumerate(choices):
+                c["prompt_token_ids"], c["token_ids"] = prompt_ids[i], tokens[i]
         return JSONResponse({**head, "choices": choices,
                              "usage": _usage(sum(n_prompt), sum(completion))})
 
@@ -261,6 +267,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
                     obj["choices"].append({"index": i, "text": out.text, "logprobs": None,
                                            "finish_reason": out.finish_reason,
                                            "stop_reason": out.stop_reason})
+                    if body.return_token_ids:
+                        obj["choices"][-1]["token_ids"] = out.token_ids
                 return obj
 
             return StreamingResponse(stream_events(gens, chunk, n_prompt, include_usage, []),
@@ -268,7 +276,10 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
 
         head = {"id": request_id, "object": "text_completion", "created": created,
                 "model": model_name}
-        return await respond(request, gens, n_prompt, head, lambda text: {"text": text})
+        prompt_ids = ([p for p in prompts for _ in range(body.n)] if body.return_token_ids
+                      else None)
+        return await respond(request, gens, n_prompt, head, lambda text: {"text": text},
+                             prompt_ids)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

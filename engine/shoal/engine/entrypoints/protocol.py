@@ -40,6 +40,9 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
+    # streaming), so a client can check tokens, not just text.
+    return_token_ids: bool = False
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         if not 1 <= self.n <= 16:

@@ -56,6 +56,10 @@ RESULT_TYPES: dict[str, type] = {
 # A worker that exits with a code (not a signal) has usually replied its failure first; give
 # that reply this long to arrive before naming the exit itself as the cause.
 SELF_EXIT_GRACE_S = 1.0
+# A rank whose collective failed is usually not the first to fail: a peer died (its exit, or its
+# node's silence, is noticed within LINK_TIMEOUT_S). Wait this long for that before naming the
+# collective's failure itself.
+COLLECTIVE_GRACE_S = 5.0
 POLL_MS = 50
 
 
@@ -102,6 +106,7 @@ class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
         cfg = self.config
         self.failure: RankFailure | None = None
+        self.suspect: tuple[RankFailure, float] | None = None  # a collective's failure, and when
         self.failure_callbacks: list[Callable[[RankFailure], None]] = []
         self.on_shutdown_request: Callable[[ShutdownRequest], None] = lambda req: None
         self.lock = threading.Lock()
@@ -220,6 +225,13 @@ class MultiprocExecutor(Executor):
         with self.lock:
             if self.failure is not None or self.stopping:
                 return
+            if failure.in_collective:  # probably a consequence: see COLLECTIVE_GRACE_S
+                if self.suspect is None:
+                    self.suspect = (failure, time.monotonic())
+                    log.warning("rank %d: a collective failed (%s: %s); waiting up to %.0f s "
+                                "for the peer that caused it", failure.rank, failure.exc_type,
+                                failure.message.splitlines()[0][:200], COLLECTIVE_GRACE_S)
+                return
             self.failure = failure
         log.error("rank %d failed first: %s%s", failure.rank, failure.describe(),
                   f"\n{failure.traceback}" if failure.traceback else "")
@@ -232,10 +244,23 @@ class MultiprocExecutor(Executor):
     def _shutdown_requested(self, req: ShutdownRequest) -> None:
         self.on_shutdown_request(req)
 
+    def _promote_suspect(self) -> None:
+        """No peer's failure came within the grace: the collective's own failure is the cause."""
+        if self.suspect is not None and self.failure is None:
+            failure, since = self.suspect
+            if time.monotonic() - since >= COLLECTIVE_GRACE_S:
+                self.suspect = None
+                failure.in_collective = False
+                self._fail(failure)
+
     def _monitor(self) -> None:
         watcher = procs.ExitWatcher(self.procs)
         try:
-            while watcher.procs and not self.stopping:
+            while not self.stopping:
+                self._promote_suspect()
+                if not watcher.procs:
+                    time.sleep(0.5)
+                    continue
                 for rank in watcher.wait(0.5):
                     proc = watcher.procs[rank]
                     watcher.forget(rank)

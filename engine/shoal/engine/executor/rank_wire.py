@@ -41,6 +41,9 @@ class RankFailure(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     message: str
     traceback: str = ""  # tail of the traceback, when there was one
     exit_code: int | None = None  # the process's exit status; negative = killed by that signal
+    # Raised inside a torch.distributed collective: most often the consequence of a peer that
+    # died, so node 0 waits briefly for that peer's own failure before naming this one.
+    in_collective: bool = False
 
     def describe(self) -> str:
         where = f"pid {self.pid} on {self.hostname}" if self.pid else self.hostname

@@ -47,12 +47,13 @@ ARG_TYPES: dict[str, type] = {
     "execute_model": tuple[SchedulerOutput],
     "get_vocab_size": tuple,
     "ping": tuple,
-    "arm_fault_for_test": tuple[int, int, str],
     "shutdown": tuple,
 }
-# Same switch as the EngineCore's fail_for_test: fault injection exists only when the engine was
-# started with it, so no request can reach it in production.
+# Fault injection, for the tests of the death path: "RANK:STEP:MESSAGE" makes that rank raise
+# RuntimeError(MESSAGE) in its STEP-th execute_model. Read only when the engine was started with
+# the EngineCore's own switch (FAULT_INJECTION_ENV=1), so nothing reaches it by accident.
 FAULT_INJECTION_ENV = "SHOAL_ENABLE_FAULT_INJECTION"
+WORKER_FAULT_ENV = "SHOAL_WORKER_FAULT"
 TRACEBACK_TAIL_BYTES = 2000
 
 
@@ -71,12 +72,20 @@ class WorkerProcSpec(msgspec.Struct, forbid_unknown_fields=True):
     log_level: str = "INFO"
 
 
+def raised_in_collective(exc: BaseException) -> bool:
+    """Whether the exception came out of torch.distributed's code (by the frames it passed
+    through, not by its message)."""
+    marker = os.sep + os.path.join("torch", "distributed") + os.sep
+    return any(marker in frame.filename for frame in traceback.extract_tb(exc.__traceback__))
+
+
 def rank_failure(exc: BaseException, rank: int, node_rank: int) -> RankFailure:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RankFailure(rank=rank, node_rank=node_rank, process=f"Worker_rank{rank}",
                        pid=os.getpid(), hostname=socket.gethostname(),
                        exc_type=type(exc).__name__, message=str(exc) or repr(exc),
-                       traceback=tb[-TRACEBACK_TAIL_BYTES:])
+                       traceback=tb[-TRACEBACK_TAIL_BYTES:],
+                       in_collective=raised_in_collective(exc))
 
 
 class WorkerProc:
@@ -86,6 +95,7 @@ class WorkerProc:
         self.worker = None
         self.fault_after: int | None = None  # steps until an armed test fault fires
         self.fault_message = ""
+        self._arm_fault(os.environ.get(WORKER_FAULT_ENV, ""))
         self.ctx = zmq.Context.instance()
         self.replies = self.ctx.socket(zmq.PUSH)
         self.replies.setsockopt(zmq.LINGER, 5000)
@@ -149,8 +159,6 @@ class WorkerProc:
         if arg_type is None:
             raise ValueError(f"unknown worker call {call.method!r}; allowed: {sorted(ARG_TYPES)}")
         args = msgspec.msgpack.decode(call.args, type=arg_type)
-        if call.method == "arm_fault_for_test":
-            return self._arm_fault(*args)
         if call.method == "ping":
             return "pong"
         if call.method == "execute_model" and self.fault_after is not None:
@@ -160,13 +168,14 @@ class WorkerProc:
                 raise RuntimeError(self.fault_message)
         return getattr(self.worker, call.method)(*args)
 
-    def _arm_fault(self, rank: int, steps: int, message: str) -> bool:
-        if os.environ.get(FAULT_INJECTION_ENV) != "1":
-            raise ValueError(f"fault injection is off (start the engine with "
-                             f"{FAULT_INJECTION_ENV}=1)")
-        if rank == self.rank:
-            self.fault_after, self.fault_message = max(1, steps), message
-        return rank == self.rank
+    def _arm_fault(self, plan: str) -> None:
+        if not plan or os.environ.get(FAULT_INJECTION_ENV) != "1":
+            return
+        rank, steps, message = plan.split(":", 2)
+        if int(rank) == self.rank:
+            self.fault_after, self.fault_message = max(1, int(steps)), message
+            log.warning("rank %d: fault injection armed: step %s raises %r", self.rank, steps,
+                        message)
 
     def _reply(self, call_id: int, result: bytes | None = None,
                failure: RankFailure | None = None) -> None:

@@ -1,0 +1,179 @@
+"""Multi-rank engines for real: tensor-parallel groups of worker processes on one node and over
+two "nodes" (two process trees joined over TCP on loopback, node 1 `--headless`), checked through
+the HTTP API against transformers' greedy generate, and killed rank by rank under load: every
+stream, /health, the exit codes and the termination messages name the rank that failed first,
+and no process of the tree is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+from multirank_helpers import (
+    Oracle,
+    Streams,
+    assert_tree_gone,
+    child_with,
+    complete_all,
+    process_tree,
+    prompts,
+    termination,
+    two_node_flags,
+    wait_for,
+)
+from serve_helpers import ServeProcess
+from support.models import ensure_model
+
+F32 = ("--dtype", "float32")
+NUM_STREAMS = 16
+
+
+@pytest.fixture(scope="module")
+def qwen2_model() -> str:
+    return str(ensure_model("shoal-tiny-qwen2", "tiny", arch="qwen2"))
+
+
+@pytest.fixture
+def group(tmp_path):
+    """Starts `shoal serve` processes (node 0 and headless nodes); stops them all at the end."""
+    started: list[ServeProcess] = []
+
+    def start(model: str, *flags: str, env: dict | None = None) -> ServeProcess:
+        s = ServeProcess(model, tmp_path, *flags, env=env)
+        started.append(s)
+        return s
+
+    yield start
+    for s in reversed(started):
+        s.stop(30)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tp2_on_one_node_is_greedy_equal_to_transformers_through_http(arch, group, tiny_model,
+                                                                      request):
+    model = tiny_model if arch == "llama" else request.getfixturevalue("qwen2_model")
+    server = group(model, *F32, "--tensor-parallel-size", "2").wait_healthy()
+    workers = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+               if "worker_proc" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    ps = prompts()
+    Oracle(model).check(ps, complete_all(server, ps))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_two_nodes_are_greedy_equal_to_transformers(tp, group, tiny_model):
+    node0_flags, node1_flags = two_node_flags(tp)
+    node1 = group(tiny_model, *node1_flags)  # the headless node may start first: it waits
+    node0 = group(tiny_model, *node0_flags).wait_healthy()
+    assert len([p for p in psutil.Process(node1.proc.pid).children(recursive=True)
+                if "worker_proc" in " ".join(p.cmdline())]) == tp // 2
+    ps = prompts()
+    Oracle(tiny_model).check(ps, complete_all(node0, ps))
+    # A clean stop of node 0 stops the headless node too, with exit code 0.
+    assert node0.stop(60) == 0
+    assert node1.wait_exit(30) == 0
+
+
+def test_kill_9_of_a_local_worker_fails_every_stream_naming_the_rank(group, tiny_model):
+    server = group(tiny_model, *F32, "--tensor-parallel-size", "2",
+                   env={"SHOAL_DEAD_LINGER_S": "3"}).wait_healthy()
+    tree = process_tree(server)
+    streams = Streams(server, NUM_STREAMS)
+    streams.wait_started()
+    victim = next(p for p in tree if '"rank":1,' in " ".join(p.cmdline()))
+    killed_at = time.monotonic()
+    victim.kill()
+    streams.join()
+    for message in streams.errors():
+        assert "Worker_rank1" in message and "rank 1" in message and "SIGKILL" in message
+    assert max(streams.ended_at) - killed_at < 10
+    assert server.wait_exit(60) == 1
+    term = termination(server)
+    assert term["rank"] == 1 and term["cause"] == "engine_error" and "SIGKILL" in term["message"]
+    assert_tree_gone(tree)
+
+
+def test_a_worker_that_raises_fails_every_stream_with_its_own_message(group, tiny_model):
+    env = {"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_WORKER_FAULT": "1:40:injected rank fault",
+           "SHOAL_DEAD_LINGER_S": "3"}
+    server = group(tiny_model, *F32, "--tensor-parallel-size", "2", env=env).wait_healthy()
+    tree = process_tree(server)
+    streams = Streams(server, NUM_STREAMS)
+    streams.join()
+    for message in streams.errors():
+        assert "injected rank fault" in message and "Worker_rank1" in message
+    assert server.wait_exit(60) == 1
+    term = termination(server)
+    assert term["rank"] == 1 and "RuntimeError: injected rank fault" in term["message"]
+    assert_tree_gone(tree)
+
+
+def test_kill_9_of_the_headless_node_names_rank_1_on_node_1(group, tiny_model):
+    node0_flags, node1_flags = two_node_flags(2)
+    node1 = group(tiny_model, *node1_flags)
+    node0 = group(tiny_model, *node0_flags, env={"SHOAL_DEAD_LINGER_S": "3"}).wait_healthy()
+    tree = process_tree(node0, node1)
+    streams = Streams(node0, NUM_STREAMS)
+    streams.wait_started()
+    killed_at = time.monotonic()
+    os.kill(node1.proc.pid, signal.SIGKILL)  # the node's supervisor; its worker dies with it
+    streams.join()
+    for message in streams.errors():
+        assert "rank 1, node 1" in message and "NodeLost" in message
+    assert max(streams.ended_at) - killed_at < 15
+    assert node0.wait_exit(60) == 1
+    term = termination(node0)
+    assert term["rank"] == 1 and term["cause"] == "peer_lost" and "node 1" in term["message"]
+    assert_tree_gone(tree)
+
+
+def test_kill_9_of_the_engine_core_stops_the_headless_node_within_10_s(group, tiny_model):
+    node0_flags, node1_flags = two_node_flags(4)
+    node1 = group(tiny_model, *node1_flags)
+    node0 = group(tiny_model, *node0_flags, env={"SHOAL_DEAD_LINGER_S": "3"}).wait_healthy()
+    tree = process_tree(node0, node1)
+    streams = Streams(node0, NUM_STREAMS)
+    streams.wait_started()
+    engine = child_with(node0, "engine_core_proc")
+    killed_at = time.monotonic()
+    engine.kill()
+    streams.join()
+    for message in streams.errors():
+        assert "EngineCore_0" in message and "SIGKILL" in message
+    assert node0.wait_exit(60) == 1
+    assert node1.wait_exit(15) == 1
+    assert time.monotonic() - killed_at < 15
+    term = termination(node1)
+    assert term["cause"] == "peer_lost" and "node 0" in term["message"]
+    assert_tree_gone(tree)
+
+
+def test_sigterm_to_the_headless_node_alone_drains_the_group_from_node_0(group, tiny_model):
+    """SIGTERM to a headless node asks node 0 to shut the group down: node 0 drains by its
+    --shutdown-timeout (in-flight streams finish, new requests get 503) while the headless node
+    keeps serving its shard; then every process exits 0."""
+    node0_flags, node1_flags = two_node_flags(2)
+    node1 = group(tiny_model, *node1_flags)
+    node0 = group(tiny_model, *node0_flags, "--shutdown-timeout", "120").wait_healthy()
+    tree = process_tree(node0, node1)
+    streams = Streams(node0, 4, max_tokens=60)
+    streams.wait_started()
+    node1.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: _status(f"{node0.url}/health") in (503, None), 30,
+             "node 0 to start draining")
+    streams.join()
+    assert streams.finish_reasons() == ["length"] * 4
+    assert node0.wait_exit(60) == 0
+    assert node1.wait_exit(30) == 0
+    assert_tree_gone(tree)
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return None
