@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager from Debian bookworm's `kubernetes`
-# source package, once per cache.
+# Build Kubernetes from Debian bookworm's `kubernetes` source package, once per cache.
+#
+#   build.sh [control-plane] [node]      (no argument: control-plane; `all`: both)
+#
+#   control-plane: kube-apiserver, kube-controller-manager (what the operator's tests need)
+#   node:          kubelet, kube-scheduler, kube-proxy and a static `pause` binary (what
+#                  scripts/k8s-control-plane/cluster.py needs for a cluster with real nodes)
+#
+# Both sets come from the same source tree: when both are asked for, the tree is unpacked once.
 #
 # Why from Debian sources: the test machines reach only PyPI/Debian/npm, have no cluster and no
 # container runtime, yet the operator's tests need a real API server (schema validation, garbage
 # collection, StatefulSet controller, watches for kopf). Debian ships the whole Kubernetes tree
 # with vendor/, so a GOPATH build works offline.
 #
-# Output: ${SHOAL_CACHE:-$HOME/.cache/shoal}/k8s/{bin/kube-apiserver,bin/kube-controller-manager,stamp}
-# Idempotent: reuses the cache when the stamp matches; a flock serialises concurrent callers.
+# Output: ${SHOAL_CACHE:-$HOME/.cache/shoal}/k8s/bin/*, one stamp per set (stamp, node-stamp).
+# Idempotent: reuses the cache when a set's stamp matches; a flock serialises concurrent callers.
 # Runs as root (apt-get). Prints one progress line per step on stderr.
 set -euo pipefail
 
@@ -18,11 +25,28 @@ K8S_GIT_VERSION="v1.20.2"
 # Bump when the recipe changes so that old caches are rebuilt.
 RECIPE=2
 STAMP_TEXT="kubernetes ${K8S_SRC_VERSION} ${K8S_GIT_VERSION} recipe=${RECIPE} reflect2+json-iterator swapped from Debian"
+NODE_RECIPE=1
+NODE_STAMP_TEXT="kubernetes ${K8S_SRC_VERSION} ${K8S_GIT_VERSION} node recipe=${NODE_RECIPE} reflect2+json-iterator swapped from Debian"
+CP_CMDS=(kube-apiserver kube-controller-manager)
+NODE_CMDS=(kubelet kube-scheduler kube-proxy)
+
+WANT_CP=0
+WANT_NODE=0
+[ $# -eq 0 ] && WANT_CP=1
+for arg in "$@"; do
+    case "$arg" in
+        control-plane) WANT_CP=1 ;;
+        node) WANT_NODE=1 ;;
+        all) WANT_CP=1; WANT_NODE=1 ;;
+        *) echo "usage: $0 [control-plane] [node] | all" >&2; exit 2 ;;
+    esac
+done
 
 CACHE_ROOT="${SHOAL_CACHE:-$HOME/.cache/shoal}"
 K8S_CACHE="${CACHE_ROOT}/k8s"
 BIN_DIR="${K8S_CACHE}/bin"
 STAMP="${K8S_CACHE}/stamp"
+NODE_STAMP="${K8S_CACHE}/node-stamp"
 WORK="${K8S_CACHE}/build"          # source tree + GOPATH; removed after a successful build
 KEEP_WORK="${SHOAL_K8S_KEEP_BUILD:-0}"
 GO_PARALLEL="${SHOAL_K8S_BUILD_JOBS:-$(nproc)}"
@@ -30,6 +54,8 @@ GO_PARALLEL="${SHOAL_K8S_BUILD_JOBS:-$(nproc)}"
 RUNTIME_PKGS=(etcd-server openssl)
 BUILD_PKGS=(golang-1.19-go dpkg-dev golang-github-modern-go-reflect2-dev
             golang-github-json-iterator-go-dev ca-certificates)
+# gcc + static libc for the pause binary (node set only).
+NODE_BUILD_PKGS=(gcc libc6-dev)
 SRC_LIST=/etc/apt/sources.list.d/shoal-bookworm-src.sources
 
 T0=$(date +%s)
@@ -60,9 +86,15 @@ apt_install() {
         || die "apt-get install failed: $missing"
 }
 
-cache_ok() {
+cp_cache_ok() {
     [ -x "${BIN_DIR}/kube-apiserver" ] && [ -x "${BIN_DIR}/kube-controller-manager" ] \
         && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ]
+}
+
+node_cache_ok() {
+    local b
+    for b in "${NODE_CMDS[@]}" pause; do [ -x "${BIN_DIR}/${b}" ] || return 1; done
+    [ -f "$NODE_STAMP" ] && [ "$(cat "$NODE_STAMP")" = "$NODE_STAMP_TEXT" ]
 }
 
 mkdir -p "$K8S_CACHE"
@@ -76,16 +108,22 @@ fi
 apt_install "${RUNTIME_PKGS[@]}"
 command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
 
-if cache_ok; then
-    log "cache hit: ${BIN_DIR} ($(cat "$STAMP"))"
-    exit 0
+BUILD_CP=0
+BUILD_NODE=0
+if [ "$WANT_CP" = 1 ]; then
+    if cp_cache_ok; then log "cache hit: ${BIN_DIR} ($(cat "$STAMP"))"; else BUILD_CP=1; fi
 fi
+if [ "$WANT_NODE" = 1 ]; then
+    if node_cache_ok; then log "cache hit: ${BIN_DIR} ($(cat "$NODE_STAMP"))"; else BUILD_NODE=1; fi
+fi
+[ "$BUILD_CP" = 0 ] && [ "$BUILD_NODE" = 0 ] && exit 0
 
 log "cache miss: building into ${K8S_CACHE} (free disk: $(df -h --output=avail "$CACHE_ROOT" | tail -1 | tr -d ' '))"
 avail_kb=$(df -k --output=avail "$CACHE_ROOT" | tail -1)
 [ "$avail_kb" -gt $((6 * 1024 * 1024)) ] || die "need >= 6 GiB free under $CACHE_ROOT for the build"
 
 apt_install "${BUILD_PKGS[@]}"
+[ "$BUILD_NODE" = 1 ] && apt_install "${NODE_BUILD_PKGS[@]}"
 
 # A private deb-src entry for bookworm main, on the same mirror as the machine's deb sources.
 if [ ! -f "$SRC_LIST" ]; then
@@ -155,7 +193,8 @@ if [ ! -f "${WORK}/.swapped" ]; then
 fi
 
 OPENAPI_OUT=pkg/generated/openapi/zz_generated.openapi.go
-if [ ! -s "$OPENAPI_OUT" ] || [ ! -f "${WORK}/.openapi" ]; then
+# Only the API server and controller manager link the generated OpenAPI definitions.
+if [ "$BUILD_CP" = 1 ] && { [ ! -s "$OPENAPI_OUT" ] || [ ! -f "${WORK}/.openapi" ]; }; then
     log "building openapi-gen"
     go build -o "${WORK}/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen \
         || die "building openapi-gen failed"
@@ -190,23 +229,46 @@ for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
     LDFLAGS="${LDFLAGS} -X ${pkg}.gitVersion=${K8S_GIT_VERSION} -X ${pkg}.gitMajor=1 \
 -X ${pkg}.gitMinor=20 -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 done
-mkdir -p "${WORK}/out"
-for cmd in kube-apiserver kube-controller-manager; do
+mkdir -p "${WORK}/out" "$BIN_DIR"
+CMDS=()
+[ "$BUILD_CP" = 1 ] && CMDS+=("${CP_CMDS[@]}")
+[ "$BUILD_NODE" = 1 ] && CMDS+=("${NODE_CMDS[@]}")
+for cmd in "${CMDS[@]}"; do
+    t=$(date +%s)
     log "go build ./cmd/${cmd} (-p ${GO_PARALLEL}, niced)"
     nice -n 10 go build -p "$GO_PARALLEL" -trimpath -ldflags "$LDFLAGS" \
         -o "${WORK}/out/${cmd}" "./cmd/${cmd}" || die "go build ./cmd/${cmd} failed"
+    log "built ${cmd} in $(( $(date +%s) - t ))s"
 done
 
-mkdir -p "$BIN_DIR"
-for cmd in kube-apiserver kube-controller-manager; do
+if [ "$BUILD_NODE" = 1 ]; then
+    # The pod sandbox's PID 1, from the same tree (build/pause), static so that an image
+    # holding only this file runs.
+    log "gcc build/pause/linux/pause.c -> pause"
+    gcc -Os -static -Wall -Werror -DVERSION=v3.4.1-shoal -o "${WORK}/out/pause" \
+        build/pause/linux/pause.c || die "building pause failed"
+    strip "${WORK}/out/pause" || true
+    CMDS+=(pause)
+fi
+
+for cmd in "${CMDS[@]}"; do
     install -m 0755 "${WORK}/out/${cmd}" "${BIN_DIR}/${cmd}.new"
     mv -f "${BIN_DIR}/${cmd}.new" "${BIN_DIR}/${cmd}"
 done
-reported=$("${BIN_DIR}/kube-apiserver" --version) || die "built kube-apiserver does not run"
-[ "$reported" = "Kubernetes ${K8S_GIT_VERSION}" ] \
-    || die "built kube-apiserver reports '${reported}', expected 'Kubernetes ${K8S_GIT_VERSION}'"
-log "built: ${reported}"
-echo "$STAMP_TEXT" >"$STAMP"
+if [ "$BUILD_CP" = 1 ]; then
+    reported=$("${BIN_DIR}/kube-apiserver" --version) || die "built kube-apiserver does not run"
+    [ "$reported" = "Kubernetes ${K8S_GIT_VERSION}" ] \
+        || die "built kube-apiserver reports '${reported}', expected 'Kubernetes ${K8S_GIT_VERSION}'"
+    log "built: ${reported}"
+    echo "$STAMP_TEXT" >"$STAMP"
+fi
+if [ "$BUILD_NODE" = 1 ]; then
+    reported=$("${BIN_DIR}/kubelet" --version) || die "built kubelet does not run"
+    [ "$reported" = "Kubernetes ${K8S_GIT_VERSION}" ] \
+        || die "built kubelet reports '${reported}', expected 'Kubernetes ${K8S_GIT_VERSION}'"
+    log "built: kubelet ${reported}, kube-scheduler, kube-proxy, pause"
+    echo "$NODE_STAMP_TEXT" >"$NODE_STAMP"
+fi
 echo "$(( $(date +%s) - T0 ))" >"${K8S_CACHE}/build-seconds"
 
 if [ "$KEEP_WORK" = 1 ]; then

@@ -86,8 +86,9 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise ControlPlaneError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()}")
 
 
-def make_pki(pki: Path) -> None:
-    """CA, serving certificate for 127.0.0.1/localhost, and the service-account key pair."""
+def make_pki(pki: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """CA, serving certificate for 127.0.0.1/localhost (and `extra_ips`), and the
+    service-account key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     if (pki / "apiserver.crt").is_file() and (pki / "sa.pub").is_file():
         return
@@ -120,8 +121,9 @@ def make_pki(pki: Path) -> None:
         "/CN=kube-apiserver",
         cwd=pki,
     )
+    ips = "".join(f"IP:{ip}," for ip in extra_ips if ip != "127.0.0.1")
     (pki / "san.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        f"subjectAltName=IP:127.0.0.1,{ips}IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
     )
@@ -188,6 +190,12 @@ class ControlPlane:
     token: str = ""
     components: list[Component] = field(default_factory=list)
     started_s: float = 0.0  # seconds from start() to API ready
+    # A cluster with nodes (cluster.py) sets these: the API server on an address the nodes
+    # reach, RBAC enforced, ServiceAccount tokens for pods, and a scheduler.
+    address: str = "127.0.0.1"
+    authorization_mode: str = "AlwaysAllow"
+    service_accounts: bool = False
+    scheduler: bool = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -195,7 +203,7 @@ class ControlPlane:
     # -- paths and addresses -------------------------------------------------------------------
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.server_port}"
+        return f"https://{self.address}:{self.server_port}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -223,7 +231,7 @@ class ControlPlane:
         logs = self.root / "logs"
         logs.mkdir(exist_ok=True)
         pki = self.root / "pki"
-        make_pki(pki)
+        make_pki(pki, (self.address,))
         self.token = self.token or secrets.token_hex(16)
         (self.root / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
         self.etcd_port = self.etcd_port or free_port()
@@ -268,9 +276,9 @@ class ControlPlane:
                     "--etcd-servers",
                     etcd_url,
                     "--bind-address",
-                    "127.0.0.1",
+                    self.address,
                     "--advertise-address",
-                    "127.0.0.1",
+                    self.address,
                     "--secure-port",
                     str(self.server_port),
                     "--tls-cert-file",
@@ -294,7 +302,7 @@ class ControlPlane:
                     "--token-auth-file",
                     str(self.root / "tokens.csv"),
                     "--authorization-mode",
-                    "AlwaysAllow",
+                    self.authorization_mode,
                     "--service-account-key-file",
                     str(pki / "sa.pub"),
                     "--service-account-signing-key-file",
@@ -304,12 +312,18 @@ class ControlPlane:
                     "--service-cluster-ip-range",
                     SERVICE_CIDR,
                     "--allow-privileged=true",
-                    # No token controller runs, so ServiceAccount admission would reject every pod
-                    # ("no API token found"); pods run nowhere anyway.
-                    "--disable-admission-plugins",
-                    "ServiceAccount",
-                    "--endpoint-reconciler-type",
-                    "none",
+                    *(
+                        []
+                        if self.service_accounts
+                        else [
+                            # No token controller runs, so ServiceAccount admission would reject
+                            # every pod ("no API token found"); pods run nowhere anyway.
+                            "--disable-admission-plugins",
+                            "ServiceAccount",
+                            "--endpoint-reconciler-type",
+                            "none",
+                        ]
+                    ),
                     "--v",
                     "1",
                 ],
@@ -372,6 +386,8 @@ class ControlPlane:
                 "kube-controller-manager",
                 t0 + timeout,
             )
+            if self.scheduler:
+                self._start_scheduler(kcm_kubeconfig, t0 + timeout)
         except BaseException:
             self.stop()
             raise
@@ -411,6 +427,38 @@ class ControlPlane:
                 )
 
     # -- internals -----------------------------------------------------------------------------
+    def _start_scheduler(self, kubeconfig: Path, deadline: float) -> None:
+        port = free_port()
+        comp = Component(
+            "kube-scheduler",
+            [
+                str(bin_dir() / "kube-scheduler"),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--authentication-kubeconfig",
+                str(kubeconfig),
+                "--authorization-kubeconfig",
+                str(kubeconfig),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(port),
+                "--port",
+                "0",
+                "--leader-elect=false",
+                "--v",
+                "1",
+            ],
+            self.root / "logs" / "kube-scheduler.log",
+        )
+        self.components.append(comp)
+        self._spawn(comp)
+        self._wait(
+            lambda: self._https_ok(f"https://127.0.0.1:{port}/healthz", None),
+            "kube-scheduler",
+            deadline,
+        )
+
     def _spawn(self, comp: Component) -> None:
         log = open(comp.log, "ab")
         try:
@@ -527,7 +575,7 @@ def stop_dir(root: Path, grace: float = 10.0) -> int:
         while _pid_runs(sup, "control_plane.py") and time.monotonic() < deadline:
             time.sleep(0.1)
         stopped += 1
-    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+    for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
         pid = state["pids"].get(name)
         if pid is None or not _pid_runs(pid, name):
             continue

@@ -13,10 +13,10 @@ import ast
 import importlib.metadata as md
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
