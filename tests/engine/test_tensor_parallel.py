@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import NewRequestData, SchedulerOutput
+from shoal.engine.worker.worker import Worker
 
 # Absolute, plus a relative part for the 12-layer model whose logits reach ~35: the sharded
 # sums only reorder float32 additions (measured: 1e-5 on tiny, 7e-5 on small), while a wrong
@@ -63,23 +64,25 @@ def script() -> list[SchedulerOutput]:
 
 
 def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict:
-    """The script through a real ModelRunner; the logits are caught on their way to sampling."""
+    """The script through a real Worker and ModelRunner; the logits are caught on their way to sampling."""
     from shoal.engine.worker import model_runner as mr
 
     config = EngineConfig(model=model, dtype="float32", tensor_parallel_size=world_size,
                           block_size=BLOCK_SIZE, max_model_len=64, num_kv_blocks=16,
                           kv_cache_memory_bytes=1 << 20, seed=5)
-    runner = mr.ModelRunner(config, torch.device("cpu"), rank)
+    worker = Worker(config, rank)  # the engine's path: Worker passes its rank to ModelRunner
+    worker.init_device()
     previous = os.environ.get("SHOAL_CPU_KERNEL")
     os.environ["SHOAL_CPU_KERNEL"] = "1" if cpu_kernel else "0"
     try:
-        runner.load_model()
+        worker.load_model()
     finally:  # this also runs in the pytest process: leave the environment as it was
         if previous is None:
             del os.environ["SHOAL_CPU_KERNEL"]
         else:
             os.environ["SHOAL_CPU_KERNEL"] = previous
-    runner.initialize_kv_cache(16)
+    worker.initialize_kv_cache(16)
+    runner = worker.model_runner
     logits, sampled = [], []
     real_sample = mr.sample
 
@@ -90,7 +93,7 @@ def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict
     mr.sample = spy
     try:
         for step in script():
-            sampled.append(runner.execute_model(step).sampled)
+            sampled.append(worker.execute_model(step).sampled)
     finally:
         mr.sample = real_sample
     return dict(logits=logits, sampled=sampled, kv_shape=tuple(runner.kv_caches[0][0].shape),
@@ -98,9 +101,8 @@ def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict
 
 
 def _group_main(rank: int, groups: list, out_dir: str) -> None:
-    """One spawned process: for each (world size, port, jobs), largest first, join that group if
-    this rank is in it and run its jobs. One spawn serves every world size (imports are the
-    slow part on a small machine)."""
+    """One forked rank: for each (world size, port, jobs), largest first, join that group if this
+    rank is in it and run its jobs, so one set of processes serves every world size."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)

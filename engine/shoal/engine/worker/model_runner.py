@@ -109,17 +109,18 @@ class ModelRunner:
         if self.world_size > 1:  # refuse a T that does not split the model before loading it
             tensor_parallel.check_shardable(hf_config.get_text_config(), self.world_size, name)
         self.dtype = resolve_dtype(self.config.dtype, hf_config, self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             self.config.model, dtype=self.dtype,
             attn_implementation=paged_attention.ATTN_IMPLEMENTATION,
-        ).to(self.device).eval()
-        text_cfg = self.model.config.get_text_config()
-        self.num_layers = text_cfg.num_hidden_layers
+        )
+        text_cfg = model.config.get_text_config()
         num_heads, self.num_kv_heads = text_cfg.num_attention_heads, text_cfg.num_key_value_heads
-        if self.world_size > 1:
-            tensor_parallel.shard_model(self.model, self.rank, self.world_size, name)
+        if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
+            tensor_parallel.shard_model(model, self.rank, self.world_size, name)
             num_heads, self.num_kv_heads = tensor_parallel.local_head_counts(text_cfg,
                                                                               self.world_size)
+        self.model = model.to(self.device).eval()
+        self.num_layers = text_cfg.num_hidden_layers
         self.head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads)
         self.vocab_size = text_cfg.vocab_size
