@@ -36,6 +36,7 @@ class StepBroadcaster:
             self.pub = self.ctx.socket(zmq.XPUB)
             self.pub.setsockopt(zmq.LINGER, 0)
             self.pub.setsockopt(zmq.SNDHWM, 0)  # never drop a step: a missed step is a hang
+            self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber counts, not every topic
             port = self.pub.bind_to_random_port("tcp://*")
             self.tcp_address = f"tcp://{advertise_host}:{port}"
         self.subscribed = 0

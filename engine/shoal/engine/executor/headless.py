@@ -109,9 +109,11 @@ class HeadlessNode:
                 if self.signals and not asked:
                     asked = True
                     link.send(ShutdownRequest(self.node))
-                exited = watcher.wait(0)
-                if exited:
-                    return self._worker_exited(link, exited[0])
+                for rank in watcher.wait(0):
+                    if self.workers[rank].returncode == 0:  # node 0's `shutdown` call: StopNode
+                        watcher.forget(rank)                # follows on the link
+                        continue
+                    return self._worker_exited(link, rank)
                 silent = link.silent_for()
                 if silent > LINK_TIMEOUT_S:
                     return self._fail(Cause.PEER_LOST,
