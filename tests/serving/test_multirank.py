@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import httpx
@@ -177,3 +178,39 @@ def _status(url: str) -> int | None:
         return httpx.get(url, timeout=2).status_code
     except httpx.HTTPError:
         return None
+
+
+def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, tiny_model):
+    """The contract with the operator: the exact args render.py gives each rank pod start a real
+    group (only what a pod would resolve differently is substituted: the model's mount path, the
+    rank-0 DNS name, the ports)."""
+    from serve_helpers import ServerProcess, free_port
+    from shoal.operator import render
+
+    body = {"apiVersion": "shoal.dev/v1alpha1", "kind": "InferenceEngine",
+            "metadata": {"name": "demo", "namespace": "ns", "uid": "u1"},
+            "spec": {"model": "/models/tiny", "tensorParallelSize": 2, "nodesPerGroup": 2}}
+    _, flags = two_node_flags(2)
+    master_port = flags[flags.index("--master-port") + 1]
+    http_port = free_port()
+    subst = {"/models/tiny": tiny_model, render.L.rank_host("demo", "ns", 0, 0): "127.0.0.1",
+             str(render.L.DEFAULT_MASTER_PORT): master_port, str(render.L.HTTP_PORT): str(http_port)}
+    env = {**os.environ, "SHOAL_KV_CACHE_SPACE": "0.0625"}
+    procs = []
+    try:
+        for rank in (1, 0):
+            args = [subst.get(a, a) for a in render.engine_args(body, 0, rank)]
+            env_r = {**env, "SHOAL_TERMINATION_LOG": str(tmp_path / f"term-{rank}")}
+            p = ServerProcess([sys.executable, "-m", "shoal.engine.cli", *args],
+                              tmp_path / f"rank{rank}.log", env_r, None)
+            p.port = http_port
+            procs.append(p)
+        node0 = procs[1].wait_answering("/health", "rank 0 of the rendered group", 300)
+        r = httpx.post(f"{node0.url}/v1/completions", timeout=120,
+                       json={"model": tiny_model, "prompt": "def f(", "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert procs[1].stop(60) == 0  # drain (timeoutSeconds 30 rendered), then stop
+        assert procs[0].proc.wait(30) == 0
+    finally:
+        for p in procs:
+            p.stop(10)
