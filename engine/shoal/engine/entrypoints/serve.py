@@ -142,8 +142,9 @@ def _check_parallelism(args) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    role = f"node {args.node_rank}" if args.headless else "frontend"
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s [frontend] %(message)s")
+                        format=f"%(asctime)s %(levelname)s [{role}] %(message)s")
     if args.frontend_only:
         if not args.engine_discovery_file:
             parser.error("--frontend-only needs --engine-discovery-file PATH (the file listing "

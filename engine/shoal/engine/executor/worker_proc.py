@@ -123,6 +123,9 @@ class WorkerProc:
         spec = self.spec
         torch.set_num_threads(spec.num_threads)
         config = EngineConfig(**spec.config)
+        if config.world_size > 1 and config.device in ("cuda", "auto") \
+                and torch.cuda.is_available():  # one device per local rank
+            config = config.replace(device=f"cuda:{spec.local_reader}")
         backend = "nccl" if config.device.startswith("cuda") else "gloo"
         log.info("rank %d: joining torch.distributed (%s, world %d) at %s", self.rank, backend,
                  config.world_size, spec.dist_init_method)
