@@ -92,6 +92,8 @@ def test_kill_9_of_a_local_worker_fails_every_stream_naming_the_rank(group, tiny
     for message in streams.errors():
         assert "Worker_rank1" in message and "rank 1" in message and "SIGKILL" in message
     assert max(streams.ended_at) - killed_at < 10
+    health = httpx.get(f"{server.url}/health", timeout=5)
+    assert health.status_code == 503 and "Worker_rank1" in health.json()["error"]["message"]
     assert server.wait_exit(60) == 1
     term = termination(server)
     assert term["rank"] == 1 and term["cause"] == "engine_error" and "SIGKILL" in term["message"]
@@ -144,13 +146,35 @@ def test_kill_9_of_the_engine_core_stops_the_headless_node_within_10_s(group, ti
     engine.kill()
     streams.join()
     for message in streams.errors():
-        assert "EngineCore_0" in message and "SIGKILL" in message
+        assert "EngineCore_0" in message and "rank 0" in message and "SIGKILL" in message
     assert node0.wait_exit(60) == 1
+    assert termination(node0)["rank"] == 0
     assert node1.wait_exit(15) == 1
     assert time.monotonic() - killed_at < 15
     term = termination(node1)
     assert term["cause"] == "peer_lost" and "node 0" in term["message"]
     assert_tree_gone(tree)
+
+
+def test_a_headless_node_exits_within_10_s_when_node_0_becomes_unreachable(group, tiny_model):
+    """Node 0 frozen (SIGSTOP of its whole tree: no heartbeat, no connection reset) is what an
+    unreachable node looks like from node 1."""
+    node0_flags, node1_flags = two_node_flags(2)
+    node1 = group(tiny_model, *node1_flags)
+    node0 = group(tiny_model, *node0_flags).wait_healthy()
+    tree0, tree1 = process_tree(node0), process_tree(node1)
+    stopped_at = time.monotonic()
+    for p in tree0:
+        p.suspend()
+    try:
+        assert node1.wait_exit(15) == 1
+        assert time.monotonic() - stopped_at < 10
+        term = termination(node1)
+        assert term["cause"] == "peer_lost" and "no heartbeat" in term["message"]
+        assert_tree_gone(tree1)
+    finally:
+        for p in tree0:
+            p.kill()
 
 
 def test_sigterm_to_the_headless_node_alone_drains_the_group_from_node_0(group, tiny_model):

@@ -196,14 +196,16 @@ class GroupLinkClient:
         self.last_seen = time.monotonic()
         self.next_beat = 0.0
 
-    def join(self, ranks: list[int], timeout: float) -> NodeWelcome:
+    def join(self, ranks: list[int], timeout: float,
+             cancelled: Callable[[], bool] = lambda: False) -> NodeWelcome | None:
+        """Wait for node 0's welcome; None if `cancelled()` becomes true first."""
         import os
 
         hello = NodeHello(self.config.node_rank, os.getpid(), socket.gethostname(),
                           PROTOCOL_VERSION, ENGINE_VERSION, ranks)
         self.send(hello)
         started = last_note = time.monotonic()
-        while True:
+        while not cancelled():
             now = time.monotonic()
             if now - started > timeout:
                 raise TimeoutError(f"node 0 did not answer at {self.address} within "
@@ -220,6 +222,7 @@ class GroupLinkClient:
                                            f"{msg.reason}")
                     self.last_seen = time.monotonic()
                     return msg
+        return None
 
     def poll(self, timeout: float) -> list:
         """Messages from node 0 within `timeout`; sends this node's heartbeat when due."""

@@ -79,11 +79,14 @@ class HeadlessNode:
         log.info("node %d of %d: joining node 0 at %s (ranks %s)", self.node, cfg.nnodes,
                  link.address, self.ranks)
         try:
-            welcome = link.join(self.ranks, NODE_JOIN_TIMEOUT_S)
+            welcome = link.join(self.ranks, NODE_JOIN_TIMEOUT_S, lambda: self.signals > 0)
         except TimeoutError as exc:
             return self._fail(Cause.RANK_JOIN_TIMEOUT, str(exc))
         except RuntimeError as exc:
             return self._fail(Cause.STARTUP_ERROR, str(exc))
+        if welcome is None:
+            log.info("node %d: stopped before node 0 answered; nothing to drain", self.node)
+            return 0
         threads = cfg.num_threads or max(1, (os.cpu_count() or 1) // len(self.ranks))
         for reader, rank in enumerate(self.ranks):
             spec = WorkerProcSpec(

@@ -155,7 +155,7 @@ class MultiprocExecutor(Executor):
             startup.result(NODE_JOIN_TIMEOUT_S)
             self.broadcaster.wait_for_subscribers(NODE_JOIN_TIMEOUT_S, self.raise_if_failed)
         except BaseException:
-            self.shutdown()
+            self.shutdown(force=True)  # ranks still loading would not answer a polite call
             raise
         log.info("all %d ranks ready", cfg.world_size)
 
