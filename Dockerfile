@@ -61,12 +61,12 @@ CMD ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
 FROM base AS engine-venv
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
-COPY --from=wheel /wheels /wheels
 # torch first, from the CPU index: the engine extra then finds torch==2.13.0 satisfied and
-# never pulls a CUDA build.
+# never pulls a CUDA build. Its own layer, before the wheel: a source change reuses it.
 RUN python -m venv /opt/shoal \
- && /opt/shoal/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[engine]"
+ && /opt/shoal/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY --from=wheel /wheels /wheels
+RUN /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[engine]"
 
 FROM base AS engine
 # A C compiler for the CPU paged-decode kernel (docs/engine.md): the engine builds it on its first

@@ -7,7 +7,7 @@ CACHE ?= $(HOME)/.cache/shoal
 MODEL ?= $(CACHE)/models/shoal-tiny
 export SHOAL_CACHE := $(CACHE)
 
-.PHONY: venv serve test lint bench clean
+.PHONY: venv serve test lint bench clean cluster cluster-down
 
 $(BIN)/.installed: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,16 @@ venv: $(BIN)/.installed
 serve: venv
 	test -f $(MODEL)/config.json || $(BIN)/shoal make-model $(MODEL)
 	$(BIN)/shoal serve $(MODEL) --served-model-name shoal-tiny --host 127.0.0.1 --port 8000
+
+# The whole system on a local cluster with two real nodes (docs/cluster.md): builds what is
+# missing (Kubernetes from Debian's source, the images), installs the chart, applies
+# examples/cluster-hostpath.yaml and waits for a completion through the Service. Needs root.
+cluster: venv
+	$(BIN)/python -c 'import sys; sys.path.insert(0, "tests"); from support.models import ensure_model; ensure_model("shoal-tiny", "tiny")'
+	$(BIN)/python scripts/k8s-control-plane/cluster_demo.py --model $(MODEL)
+
+cluster-down:
+	$(PY) scripts/k8s-control-plane/cluster.py stop
 
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

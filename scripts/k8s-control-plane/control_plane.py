@@ -312,6 +312,10 @@ class ControlPlane:
                     "--service-cluster-ip-range",
                     SERVICE_CIDR,
                     "--allow-privileged=true",
+                    # Nodes (cluster.py) are reached by their InternalIP: their names resolve
+                    # nowhere.
+                    "--kubelet-preferred-address-types",
+                    "InternalIP,ExternalIP,Hostname",
                     *(
                         []
                         if self.service_accounts

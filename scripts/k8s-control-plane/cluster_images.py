@@ -1,0 +1,241 @@
+"""The cluster's images, built here without a Docker daemon, cached as archives.
+
+- base: the Dockerfile's `FROM` (python:3.11.7-slim-bookworm) cannot be pulled (no registry), so
+  it is made locally: a debootstrap'd bookworm with Debian's python3 (rootfs tarball cached),
+  imported with `podman import` under the tag the Dockerfile names.
+- operator, engine: `buildah bud --isolation chroot` of the repository's Dockerfile targets,
+  unchanged (`docker build` builds the same file). The CPU torch wheel that pip finds on this
+  machine (and its dependencies) is given to the build as a PEP 503 tree mounted read-only at
+  build time and named by TORCH_INDEX_URL=file://...; the host's CA bundle is mounted too, so
+  pip trusts the package index.
+- pause: the static `pause` from build.sh in an image FROM scratch.
+
+Each built image is saved as a docker-archive named by a hash of its inputs (the Dockerfile and
+what it copies), so a warm run neither builds nor saves; loading into a node is skipped when the
+node already holds that archive's image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from cluster_common import REPO, ClusterError, cache_root, log, run, run_logged
+
+PYTHON_BASE_TAG = "docker.io/library/python:3.11.7-slim-bookworm"
+OPERATOR_TAG = "ghcr.io/shoal-dev/shoal-operator:0.1.0"
+ENGINE_TAG = "ghcr.io/shoal-dev/shoal:0.1.0"
+PAUSE_TAG = "localhost/shoal/pause:3.4.1"
+TORCH_VERSION = "2.13.0"
+ROOTFS_RECIPE = "1"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# What the Dockerfile copies (its build context after .dockerignore): the image's content hash.
+CONTEXT_PATHS = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "engine", "operator",
+                 "images/healthcheck.py")
+
+
+def images_dir() -> Path:
+    d = cache_root() / "images"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def storage_args() -> list[str]:
+    """buildah/podman use a store inside the cache (layers reused across runs)."""
+    return ["--root", str(images_dir() / "storage"), "--runroot", "/run/shoal-buildah",
+            "--storage-driver", "overlay"]
+
+
+# -- base image ------------------------------------------------------------------------------
+def ensure_rootfs() -> Path:
+    """bookworm minbase + python3, as a tarball (debootstrap ~110 s, once per cache)."""
+    tarball = images_dir() / f"rootfs-bookworm-python-r{ROOTFS_RECIPE}.tar"
+    if tarball.is_file():
+        return tarball
+    work = images_dir() / "rootfs.tmp"
+    if work.exists():
+        shutil.rmtree(work)
+    mirror = os.environ.get("SHOAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    log(f"debootstrap bookworm ({mirror}) -> {work} (about 2 minutes, once)")
+    run_logged(["nice", "-n", "10", "debootstrap", "--variant=minbase",
+                "--include=python3,python3-venv,python3-pip,ca-certificates,netbase",
+                "bookworm", str(work), mirror],
+               images_dir() / "debootstrap.log", what="debootstrap")
+    # What the python image has and Debian's python3 lacks: `python`/`pip` on PATH, and pip
+    # allowed to install into a venv-less interpreter (the Dockerfile makes its own venv anyway).
+    for name, target in (("python", "python3"), ("pip", "pip3")):
+        link = work / "usr/local/bin" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(f"/usr/bin/{target}")
+    for marker in (work / "usr/lib").glob("python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    shutil.rmtree(work / "var/cache/apt/archives", ignore_errors=True)
+    (work / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+    for lists in (work / "var/lib/apt/lists").glob("*_*"):
+        lists.unlink()
+    tmp = tarball.with_suffix(".tar.tmp")
+    run(["tar", "-C", str(work), "--numeric-owner", "-cf", str(tmp), "."])
+    os.replace(tmp, tarball)
+    shutil.rmtree(work)
+    log(f"rootfs cached: {tarball} ({tarball.stat().st_size >> 20} MiB)")
+    return tarball
+
+
+def image_exists(tag: str) -> bool:
+    return run(["podman", *storage_args(), "image", "exists", tag], check=False).returncode == 0
+
+
+def ensure_base() -> None:
+    if image_exists(PYTHON_BASE_TAG):
+        return
+    tarball = ensure_rootfs()
+    log(f"podman import {tarball.name} as {PYTHON_BASE_TAG}")
+    run(["podman", *storage_args(), "import", "--change", 'CMD ["python3"]', str(tarball),
+         PYTHON_BASE_TAG], timeout=600)
+
+
+# -- torch for the build ----------------------------------------------------------------------
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def torch_index() -> Path:
+    """A PEP 503 tree (one directory per project) with the CPU torch wheel and its
+    dependencies, downloaded once with the host's pip configuration (which finds the wheel)."""
+    root = images_dir() / f"torch-index-{TORCH_VERSION}"
+    if (root / ".complete").is_file():
+        if not (root / "index.html").is_file():
+            write_index_pages(root)
+        return root
+    dl = images_dir() / "torch-download"
+    dl.mkdir(exist_ok=True)
+    log(f"pip download torch=={TORCH_VERSION} and its dependencies (once)")
+    run_logged(["python3", "-m", "pip", "download", "--only-binary=:all:", "--dest", str(dl),
+                f"torch=={TORCH_VERSION}"], images_dir() / "torch-download.log",
+               what="pip download torch")
+    if root.exists():
+        shutil.rmtree(root)
+    for wheel in dl.glob("*.whl"):
+        project = _normalize(wheel.name.split("-")[0])
+        (root / project).mkdir(parents=True, exist_ok=True)
+        os.link(wheel, root / project / wheel.name)
+    if not list(root.glob("torch/torch-*.whl")):
+        raise ClusterError(f"pip download put no torch wheel in {dl}")
+    write_index_pages(root)
+    (root / ".complete").write_text("ok\n")
+    return root
+
+
+INDEX_MOUNT = "/mnt/shoal-torch-index"
+
+
+def write_index_pages(root: Path) -> None:
+    """index.html per project (PEP 503), so pip reads the tree as a file:// index."""
+    projects = sorted(d for d in root.iterdir() if d.is_dir())
+    for d in projects:
+        links = "".join(f'<a href="{w.name}">{w.name}</a>\n' for w in sorted(d.glob("*.whl")))
+        (d / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    links = "".join(f'<a href="{d.name}/">{d.name}</a>\n' for d in projects)
+    (root / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+
+
+# -- Dockerfile targets -------------------------------------------------------------------------
+def context_hash(target: str) -> str:
+    h = hashlib.sha256(f"target={target}\ntorch={TORCH_VERSION}\n".encode())
+    for rel in CONTEXT_PATHS:
+        p = REPO / rel
+        files = [p] if p.is_file() else sorted(
+            f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+            and not f.name.endswith(".pyc") and ".egg-info" not in str(f))
+        for f in files:
+            h.update(str(f.relative_to(REPO)).encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def archive_path(target: str) -> Path:
+    return images_dir() / f"{target}-{context_hash(target)}.tar"
+
+
+def build_target(target: str, tag: str) -> Path:
+    """The archive of one Dockerfile target, built unless an archive for these inputs exists."""
+    archive = archive_path(target)
+    if archive.is_file():
+        log(f"image {target}: cached ({archive.name})")
+        return archive
+    ensure_base()
+    args = [f"--build-arg=PYTHON_IMAGE={PYTHON_BASE_TAG}"]
+    if target == "engine":
+        # The wheel tree is mounted at build time and named by a fixed file:// URL, so the
+        # torch layer's cache key does not change from one build to the next.
+        args += ["-v", f"{torch_index()}:{INDEX_MOUNT}:ro",
+                 f"--build-arg=TORCH_INDEX_URL=file://{INDEX_MOUNT}/"]
+    logp = images_dir() / f"build-{target}.log"
+    logp.write_text("")
+    log(f"buildah bud --target {target} (log {logp})")
+    run_logged(["nice", "-n", "10", "buildah", *storage_args(), "bud", "--isolation", "chroot",
+                "--pull-never", "--layers", "--format", "docker", "--target", target,
+                "-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *args, "-t", tag, str(REPO)],
+               logp, what=f"image {target}: build")
+    for old in sorted(images_dir().glob(f"{target}-*.tar"), key=lambda p: p.stat().st_mtime)[:-1]:
+        old.unlink()  # keep the newest other one: a running cluster may still load it
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    log(f"image {target}: saving {tag} -> {archive.name}")
+    run(["buildah", *storage_args(), "push", tag, f"docker-archive:{tmp}:{tag}"], timeout=900)
+    os.replace(tmp, archive)
+    return archive
+
+
+def build_pause(pause_bin: Path) -> Path:
+    digest = hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:16]
+    archive = images_dir() / f"pause-{digest}.tar"
+    if archive.is_file():
+        return archive
+    log(f"image pause: FROM scratch + {pause_bin}")
+    ctr = run(["buildah", *storage_args(), "from", "scratch"]).stdout.decode().strip()
+    try:
+        run(["buildah", *storage_args(), "copy", "--chmod", "0755", ctr, str(pause_bin), "/pause"])
+        run(["buildah", *storage_args(), "config", "--entrypoint", '["/pause"]', ctr])
+        run(["buildah", *storage_args(), "commit", "--format", "docker", ctr, PAUSE_TAG])
+    finally:
+        run(["buildah", *storage_args(), "rm", ctr], check=False)
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    run(["buildah", *storage_args(), "push", PAUSE_TAG, f"docker-archive:{tmp}:{PAUSE_TAG}"])
+    os.replace(tmp, archive)
+    return archive
+
+
+# -- into a node --------------------------------------------------------------------------------
+def load_into_node(sock: Path, store: Path, archive: Path, what: str) -> None:
+    """`ctr image import`, unless this node already imported this very archive."""
+    marker = store / "loaded" / what
+    if marker.is_file() and marker.read_text() == archive.name:
+        return
+    log(f"{store.name}: importing {archive.name} ({archive.stat().st_size >> 20} MiB)")
+    run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "import", str(archive)], timeout=900)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(archive.name)
+
+
+def main() -> None:  # manual use: python3 cluster_images.py [rootfs|base|operator|engine]
+    import sys
+
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what == "rootfs":
+        print(ensure_rootfs())
+    elif what == "base":
+        ensure_base()
+    elif what in ("operator", "engine"):
+        print(build_target(what, OPERATOR_TAG if what == "operator" else ENGINE_TAG))
+    else:
+        raise SystemExit("usage: cluster_images.py rootfs|base|operator|engine")
+
+
+if __name__ == "__main__":
+    main()
