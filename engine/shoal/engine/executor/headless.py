@@ -17,7 +17,6 @@ nothing. A second SIGTERM, or SIGINT, stops this node at once (the group then fa
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import time
@@ -26,7 +25,7 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.executor import procs
 from shoal.engine.executor.broadcast import BroadcastHandle
 from shoal.engine.executor.group_link import GroupLinkClient
-from shoal.engine.executor.multiproc_executor import SELF_EXIT_GRACE_S, _config_fields
+from shoal.engine.executor.multiproc_executor import SELF_EXIT_GRACE_S
 from shoal.engine.executor.rank_wire import (
     LINK_TIMEOUT_S,
     NODE_JOIN_TIMEOUT_S,
@@ -35,7 +34,7 @@ from shoal.engine.executor.rank_wire import (
     ShutdownRequest,
     StopNode,
 )
-from shoal.engine.executor.worker_proc import WorkerProcSpec
+from shoal.engine.executor.worker_proc import local_worker_specs
 from shoal.engine.termination import Cause, write_termination_message
 
 log = logging.getLogger("shoal.engine.headless")
@@ -87,18 +86,12 @@ class HeadlessNode:
         if welcome is None:
             log.info("node %d: stopped before node 0 answered; nothing to drain", self.node)
             return 0
-        threads = cfg.num_threads or max(1, (os.cpu_count() or 1) // len(self.ranks))
-        for reader, rank in enumerate(self.ranks):
-            spec = WorkerProcSpec(
-                config=_config_fields(cfg), rank=rank, local_reader=reader, node_rank=self.node,
-                broadcast=BroadcastHandle(tcp_address=welcome.broadcast_address),
-                reply_address=welcome.reply_address,
-                dist_init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
-                parent_pid=os.getpid(), num_threads=threads,
-                log_level=logging.getLevelName(logging.getLogger().level))
-            self.workers[rank] = procs.spawn_worker(spec)
+        specs = local_worker_specs(cfg, BroadcastHandle(tcp_address=welcome.broadcast_address),
+                                   welcome.reply_address,
+                                   f"tcp://{cfg.master_addr}:{cfg.master_port}")
+        self.workers = {spec.rank: procs.spawn_worker(spec) for spec in specs}
         log.info("node %d: started workers for ranks %s (%d threads each)", self.node,
-                 self.ranks, threads)
+                 self.ranks, specs[0].num_threads)
         return self._watch(link)
 
     def _watch(self, link: GroupLinkClient) -> int:

@@ -43,7 +43,7 @@ from shoal.engine.executor.rank_wire import (
     WorkerCall,
     WorkerReply,
 )
-from shoal.engine.executor.worker_proc import WorkerProcSpec
+from shoal.engine.executor.worker_proc import local_worker_specs
 
 log = logging.getLogger("shoal.engine.executor")
 
@@ -131,18 +131,12 @@ class MultiprocExecutor(Executor):
             self.reply_tcp = f"tcp://{cfg.master_addr}:{port}"
         port = cfg.master_port if cfg.nnodes > 1 else free_port()
         self.dist_init = f"tcp://{cfg.master_addr}:{port}"
-        threads = cfg.num_threads or max(1, (os.cpu_count() or 1) // len(local))
         startup = self._expect(STARTUP_CALL_ID, "start-up", self.ranks)
-        self.procs = {}
-        for reader, rank in enumerate(local):
-            spec = WorkerProcSpec(
-                config=_config_fields(cfg), rank=rank, local_reader=reader, node_rank=0,
-                broadcast=self.broadcaster.local_handle(), reply_address=self.reply_ipc,
-                dist_init_method=self.dist_init, parent_pid=os.getpid(), num_threads=threads,
-                log_level=logging.getLevelName(logging.getLogger().level))
-            self.procs[rank] = procs.spawn_worker(spec)
+        specs = local_worker_specs(cfg, self.broadcaster.local_handle(), self.reply_ipc,
+                                   self.dist_init)
+        self.procs = {spec.rank: procs.spawn_worker(spec) for spec in specs}
         log.info("started %d local workers (ranks %s, %d threads each, torch.distributed at %s)",
-                 len(local), local, threads, self.dist_init)
+                 len(local), local, specs[0].num_threads, self.dist_init)
         self.monitor = threading.Thread(target=self._monitor, name="worker-monitor", daemon=True)
         self.monitor.start()
         self.link = None
@@ -308,11 +302,3 @@ class MultiprocExecutor(Executor):
             os.rmdir(self.ipc_dir)
         except OSError:
             pass
-
-
-def _config_fields(cfg) -> dict:
-    """EngineConfig as constructor arguments (derived fields are recomputed by the worker)."""
-    import dataclasses
-
-    skip = {"architectures", "model_max_len"}
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}

@@ -72,6 +72,24 @@ class WorkerProcSpec(msgspec.Struct, forbid_unknown_fields=True):
     log_level: str = "INFO"
 
 
+def local_worker_specs(config, broadcast: BroadcastHandle, reply_address: str,
+                       dist_init_method: str) -> list[WorkerProcSpec]:
+    """The specs of this node's workers (config.node_rank), children of this process. Each
+    takes cores / local ranks torch threads unless config.num_threads says otherwise."""
+    import dataclasses
+
+    ranks = list(config.local_ranks())
+    threads = config.num_threads or max(1, (os.cpu_count() or 1) // len(ranks))
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.name not in ("architectures", "model_max_len")}  # derived: recomputed
+    return [WorkerProcSpec(config=fields, rank=rank, local_reader=reader,
+                           node_rank=config.node_rank, broadcast=broadcast,
+                           reply_address=reply_address, dist_init_method=dist_init_method,
+                           parent_pid=os.getpid(), num_threads=threads,
+                           log_level=logging.getLevelName(logging.getLogger().level))
+            for reader, rank in enumerate(ranks)]
+
+
 def raised_in_collective(exc: BaseException) -> bool:
     """Whether the exception came out of torch.distributed's code (by the frames it passed
     through, not by its message)."""
