@@ -97,7 +97,7 @@ class Streams:
 
     def __init__(self, server: ServeProcess, n: int, max_tokens: int = 1500) -> None:
         self.events: list[list[str]] = [[] for _ in range(n)]
-        self.first_token = threading.Barrier(n + 1, timeout=300)
+        self.started = [threading.Event() for _ in range(n)]  # first event seen (or ended)
         self.ended_at: list[float | None] = [None] * n
         body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": max_tokens,
                 "temperature": 0, "ignore_eos": True, "stream": True}
@@ -107,25 +107,25 @@ class Streams:
             t.start()
 
     def _run(self, server: ServeProcess, body: dict, i: int) -> None:
-        seen = False
         try:
             with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
                               timeout=300) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         self.events[i].append(line[6:])
-                        if not seen:
-                            seen = True
-                            self.first_token.wait()
+                        self.started[i].set()
         except httpx.HTTPError as exc:
             self.events[i].append(f"transport error: {exc}")
         finally:
             self.ended_at[i] = time.monotonic()
-            if not seen:
-                self.first_token.abort()
+            self.started[i].set()
 
-    def wait_started(self) -> None:
-        self.first_token.wait()
+    def wait_started(self, timeout: float = 300) -> None:
+        """Every stream has its first event (so all are in flight), or the test fails."""
+        deadline = time.monotonic() + timeout
+        for ev in self.started:
+            assert ev.wait(max(0.0, deadline - time.monotonic())), "a stream never started"
+        assert all(e and not e[-1].startswith("transport") for e in self.events), self.events
 
     def join(self, timeout: float = 120) -> None:
         for t in self.threads:
