@@ -92,3 +92,13 @@ def test_engine_core_killed_is_a_transient_engine_error(tiny_model, tmp_path):
     f = failure_of(_pod(_kubelet_message(term, code), code))
     assert (f.cause, f.permanent, f.rank) == ("engine_error", False, 0)
     assert "SIGKILL" in f.message
+
+
+def test_the_kubelets_own_log_error_is_not_read_as_the_engines():
+    """Seen on a real node: a SIGKILLed rank whose log the kubelet could not read. The message
+    is the kubelet's ("... no such file or directory"), not a missing model."""
+    msg = ("Error on reading termination message from logs: failed to try resolving symlinks in "
+           'path "/var/log/pods/ns_tp2-g0-r1_7b87/engine/0.log": lstat /var/log/pods/ns_tp2-g0-r1'
+           "_7b87: no such file or directory")
+    f = failure_of(_pod(msg, 137))
+    assert (f.cause, f.permanent, f.signal) == ("signaled", False, 9)

@@ -41,6 +41,10 @@ class Failure:
         return f"{self.uid}/{self.time}"
 
 
+# How a kubelet fills `terminated.message` when FallbackToLogsOnError cannot read the log.
+KUBELET_LOG_ERROR = "Error on reading termination message from logs:"
+
+
 def _engine_state(pod: dict) -> dict:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == L.ENGINE_CONTAINER:
@@ -76,7 +80,12 @@ def failure_of(pod: dict) -> Failure | None:
     code = term.get("exitCode")
     signal = term.get("signal") or (code - 128 if isinstance(code, int) and code > 128 else None)
     reason = term.get("reason") or ""
-    parsed = parse_termination_message(term.get("message"))
+    text = term.get("message")
+    if text and text.startswith(KUBELET_LOG_ERROR):
+        # The kubelet's own words (it could not read the log for FallbackToLogsOnError), not
+        # the engine's: classifying them would read "no such file" as a missing model.
+        text = ""
+    parsed = parse_termination_message(text)
     if reason == "OOMKilled":
         cause = Cause.OOM_KILLED
     elif parsed.structured or parsed.cause != Cause.UNKNOWN:

@@ -137,7 +137,11 @@ class Reconciler(OrderedStop):
         if not problems and not deleting:
             self._apply_singletons(body)
 
-        indexes = sorted(set(by_group) | {i for i in memory if i in by_group} | set(range(replicas if not problems else 0)))
+        # A stopped group whose rank 0 drained and is gone has no pods left but still gets its
+        # pass: that is when its drain is reported finished (single-rank groups; found on a
+        # real cluster, where DrainFinished never came).
+        draining = {i for i, m in memory.items() if m.get("drainStartTime")}
+        indexes = sorted(set(by_group) | draining | set(range(replicas if not problems else 0)))
         groups: list[dict] = []
         for g in indexes:
             mem = memory.get(g, {"index": g, "restarts": 0})
