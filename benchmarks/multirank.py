@@ -173,6 +173,9 @@ class _Streams:
                 self.started.abort()
 
 
+KINDS = ("local worker", "headless node", "EngineCore")
+
+
 def _victim(kind: str, procs: list) -> psutil.Process:
     if kind == "headless node":
         return psutil.Process(procs[1].pid)
@@ -184,7 +187,7 @@ def _victim(kind: str, procs: list) -> psutil.Process:
 def kills(args) -> None:
     url = f"http://127.0.0.1:{args.port}"
     results: dict[str, list[float]] = {}
-    for kind in ("local worker", "headless node", "EngineCore"):
+    for kind in args.kinds:
         results[kind] = []
         for i in range(args.kills):
             cmds = layouts("tiny", args.port, "64M")
@@ -235,6 +238,7 @@ def main() -> None:
     t.add_argument("--kv", default="2G")
     k = sub.add_parser("kills")
     k.add_argument("--kills", type=int, default=20)
+    k.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     for p in (t, k):
         p.add_argument("--port", type=int, default=8151)
     args = ap.parse_args()

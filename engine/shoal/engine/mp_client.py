@@ -486,8 +486,12 @@ class AsyncMPClient(_MPClientBase):
             asyncio.run_coroutine_threadsafe(self._on_exit(), loop)
 
     async def _on_exit(self) -> None:
+        # An engine that exited by itself sent its notice (death or stop) before exiting: give
+        # the socket time to deliver it. One killed by a signal sent none: only what is already
+        # in flight can still arrive.
+        killed = (self.engine.proc.returncode or 0) < 0
         try:
-            await asyncio.wait_for(self._final_notice.wait(), 2.0)
+            await asyncio.wait_for(self._final_notice.wait(), 0.2 if killed else 2.0)
             return  # the reader already delivered the engine's own notice
         except asyncio.TimeoutError:
             pass
