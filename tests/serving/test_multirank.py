@@ -238,3 +238,14 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
     finally:
         for p in procs:
             p.stop(10)
+
+
+def test_kill_9_of_the_frontend_leaves_no_process_of_either_node(group, tiny_model):
+    node0_flags, node1_flags = two_node_flags(2)
+    node1 = group(tiny_model, *node1_flags)
+    node0 = group(tiny_model, *node0_flags).wait_healthy()
+    tree = process_tree(node0, node1)
+    os.kill(node0.proc.pid, signal.SIGKILL)  # EngineCore's watchdog, then parent-death signals
+    assert node1.wait_exit(15) == 1
+    assert termination(node1)["cause"] == "peer_lost"
+    assert_tree_gone(tree)
