@@ -89,6 +89,15 @@ def _mounts() -> list[str]:
     return points
 
 
+def release_mount_namespaces() -> None:
+    """Unmount the files holding the nodes' mount namespaces: with no process left in them,
+    the kernel then drops every mount made inside."""
+    for node in NODE_NAMES:
+        holder = RUN_DIR / node / "ns"
+        for target in (holder / "mnt", holder):
+            run(["umount", "-l", str(target)], check=False)
+
+
 def _ours(point: str) -> bool:
     prefixes = (*OUR_PREFIXES, *(str(node_store(n)) for n in NODE_NAMES),
                 "/run/netns/cni-", "/var/run/netns/cni-", "/run/containerd/", "/var/lib/kubelet/",
@@ -140,6 +149,7 @@ def remove_paths() -> None:
 def clean_all(quiet: bool = False) -> list[str]:
     """Tear down whatever is there; return what could not be removed (empty when clean)."""
     killed = kill_processes()
+    release_mount_namespaces()
     unmounted = unmount_all()
     remove_cgroups()
     cluster_net.teardown()

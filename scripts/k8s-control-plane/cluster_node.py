@@ -59,8 +59,42 @@ class NodePaths:
         return node_ip(self.index)
 
 
+# Fixed paths in the kubelet (no flag): each node gets its own, bind-mounted in its namespace.
+PRIVATE_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/kubelet/device-plugins")
+
+
 def nsenter(node: str) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns_name(node)}"]
+
+
+def mntns_file(n: NodePaths) -> Path:
+    return n.run / "ns" / "mnt"
+
+
+def make_mount_namespace(n: NodePaths) -> None:
+    """A mount namespace of the node's own (slave of the host's), held by a file, in which its
+    containerd and kubelet run. Why: the kubelet's log directories are fixed paths, and each
+    kubelet's garbage collector deletes the directories of pods it does not know, i.e. the other
+    node's pods (whose `kubectl logs` and FallbackToLogsOnError termination messages then fail),
+    and both would register their device plugins at one socket. Here each node has its own
+    directories, bind-mounted over those paths. The node's mounts (container
+    root filesystems, volumes) stay in it and go when it does."""
+    holder = mntns_file(n).parent
+    holder.mkdir(parents=True, exist_ok=True)
+    run(["mount", "--bind", str(holder), str(holder)])
+    run(["mount", "--make-private", str(holder)])
+    mntns_file(n).touch()
+    run(["unshare", f"--mount={mntns_file(n)}", "--propagation", "slave", "true"])
+    for path in PRIVATE_DIRS:
+        own = n.var / "private" / path.strip("/").replace("/", "_")
+        own.mkdir(parents=True, exist_ok=True)
+        Path(path).mkdir(parents=True, exist_ok=True)
+        run(["nsenter", f"--mount={mntns_file(n)}", "mount", "--bind", str(own), path])
+
+
+def enter(n: NodePaths) -> list[str]:
+    """The node's network and mount namespaces (for containerd and the kubelet)."""
+    return [*nsenter(n.name), f"--mount={mntns_file(n)}"]
 
 
 def containerd_config(n: NodePaths, pause_tag: str) -> str:
@@ -138,6 +172,7 @@ def prepare(n: NodePaths, pause_tag: str) -> Path:
     cfg.write_text(containerd_config(n, pause_tag))
     (n.var / "cni" / "10-shoal.conflist").write_text(json.dumps(cni_config(n), indent=2))
     (n.var / "resolv.conf").write_text("# no upstream resolvers: cluster DNS only\n")
+    make_mount_namespace(n)
     for root in cgroup_roots(n):
         root.mkdir(exist_ok=True)
         if root.parent.name == "cpuset":
@@ -148,12 +183,12 @@ def prepare(n: NodePaths, pause_tag: str) -> Path:
 
 
 def containerd_argv(n: NodePaths, cfg: Path) -> list[str]:
-    return [*nsenter(n.name), "containerd", "--config", str(cfg)]
+    return [*enter(n), "containerd", "--config", str(cfg)]
 
 
 def kubelet_argv(n: NodePaths, kubelet_bin: Path, kubeconfig: Path, pause_tag: str) -> list[str]:
     return [
-        *nsenter(n.name), str(kubelet_bin),
+        *enter(n), str(kubelet_bin),
         "--kubeconfig", str(kubeconfig),
         "--hostname-override", n.name,
         "--node-ip", n.ip,
@@ -209,7 +244,7 @@ def kube_proxy_argv(n: NodePaths, proxy_bin: Path, kubeconfig: Path) -> list[str
 def purge_containers(n: NodePaths) -> int:
     """Remove every container (and its task and snapshot) a killed run left in the node's
     store, so the kubelet starts from nothing; images stay."""
-    base = ["ctr", "-a", str(n.sock), "-n", "k8s.io"]
+    base = [*enter(n), "ctr", "-a", str(n.sock), "-n", "k8s.io"]
     ids = run([*base, "containers", "ls", "-q"], check=False).stdout.decode().split()
     for cid in ids:
         run([*base, "tasks", "delete", "-f", cid], check=False)

@@ -1,0 +1,116 @@
+"""apply -> Ready -> the official `openai` client through the Service (completion and stream);
+the frontend becomes ready within seconds of its group; kill -9 of the EngineCore inside rank
+0's container is named in status, the group restarts with backoff, serving resumes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.wait import wait_for
+
+from e2e.e2e_helpers import (
+    MODEL,
+    client,
+    condition_time,
+    create,
+    events,
+    pods,
+    record,
+    service_url,
+    status,
+    wait_ready,
+    wait_serving,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+NAME = "e2e"
+
+
+@pytest.fixture(scope="module")
+def served(cluster):
+    ns = cluster.new_namespace("e2e-serve")
+    t0 = time.monotonic()
+    create(cluster, ns, NAME, backoff_base=2)
+    url = None
+
+    def first_token():
+        nonlocal url
+        try:
+            url = url or service_url(cluster, ns, NAME)
+            stream = client(url, timeout=30).completions.create(
+                model=MODEL, prompt="hi", max_tokens=2, stream=True)
+            return any(c.choices for c in stream)
+        except Exception:  # noqa: BLE001 - not yet
+            return False
+
+    wait_for(first_token, timeout=480, interval=0.5, what="the first streamed token")
+    record("apply_to_first_token", time.monotonic() - t0, images="warm")
+    return {"ns": ns, "url": url}
+
+
+def test_openai_client_completion_and_stream(cluster, served):
+    ns, url = served["ns"], served["url"]
+    st = wait_ready(cluster, ns, NAME, "1/1")
+    assert st["endpoint"] == f"http://{NAME}.{ns}.svc:8000/v1"
+    oai = client(url)
+    assert [m.id for m in oai.models.list().data] == [MODEL]
+    out = oai.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=12,
+                                 temperature=0)
+    assert out.choices[0].text and out.usage.completion_tokens == 12
+    again = oai.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=12,
+                                   temperature=0)
+    assert again.choices[0].text == out.choices[0].text  # greedy is deterministic
+    chunks = list(oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10, stream=True))
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason in ("length", "stop")
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
+
+
+def test_frontend_ready_within_seconds_of_its_group(cluster, served):
+    """Discovery comes from the API: no wait for the kubelet's ConfigMap volume sync (~60 s)."""
+    ns = served["ns"]
+    ie_obj = cluster.get("ie", NAME, "-n", ns)
+    group_ready = condition_time(ie_obj, "Ready")
+    (fe,) = pods(cluster, ns, f"shoal.dev/engine={NAME},shoal.dev/component=frontend")
+    fe_ready = condition_time(fe, "Ready")
+    assert group_ready and fe_ready, (ie_obj.get("status"), fe.get("status"))
+    lag = fe_ready - group_ready
+    record("group_ready_to_frontend_ready", lag)
+    assert lag <= 12, f"frontend Ready {lag:.0f}s after its group (discovery waited on a volume?)"
+
+
+def test_kill9_engine_core_is_named_restarted_and_serving_resumes(cluster, served):
+    ns, url = served["ns"], served["url"]
+    wait_ready(cluster, ns, NAME, "1/1")
+    pod = f"{NAME}-g0-r0"
+    old_uid = cluster.get("pod", pod, "-n", ns)["metadata"]["uid"]
+    restarts_before = status(cluster, ns, NAME).get("restartCount", 0)
+    kill = ("import os, signal\n"
+            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and b'engine_core_proc'"
+            " in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+            "assert pids, 'no EngineCore process'\n"
+            "[os.kill(p, signal.SIGKILL) for p in pids]\nprint(pids)\n")
+    cluster.kubectl("exec", "-n", ns, pod, "-c", "engine", "--", "python3", "-c", kill)
+    t_kill = time.monotonic()
+
+    def failure_recorded():
+        lf = status(cluster, ns, NAME).get("lastFailure") or {}
+        return lf if lf.get("pod") == pod and lf.get("time") else None
+
+    lf = wait_for(failure_recorded, timeout=90, interval=0.5, what="status.lastFailure")
+    assert lf["group"] == 0 and lf["rank"] == 0, lf
+    # The cause comes from the engine's own termination message, through the real kubelet.
+    assert lf["cause"] == "engine_error" and lf["permanent"] is False, lf
+    assert "SIGKILL" in lf["message"] and lf["exitCode"] == 1, lf
+    died = wait_for(lambda: events(cluster, ns, "EngineDied"), timeout=30, what="EngineDied")
+    assert "group 0 rank 0" in died[-1]["message"]
+    assert wait_for(lambda: events(cluster, ns, "GroupRestarting"), timeout=30,
+                    what="GroupRestarting")
+
+    wait_for(lambda: cluster.get("pod", pod, "-n", ns, )["metadata"]["uid"] != old_uid,
+             timeout=120, interval=0.5, what="rank 0 recreated", ignore=(AssertionError,))
+    wait_serving(url, timeout=300)
+    record("kill_to_serving", time.monotonic() - t_kill)
+    st = wait_ready(cluster, ns, NAME, "1/1")
+    assert st["restartCount"] == restarts_before + 1

@@ -1,0 +1,65 @@
+"""A group of two ranks on two nodes (tensor parallelism 2, `nodesPerGroup: 2`, pod anti-affinity)
+running Shoal's own engine: greedy output equal to one rank; killing the headless rank is named
+in status (rank 1) and restarts the whole group."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e.e2e_helpers import (MODEL, client, create, pods, record, service_url, status, wait_ready,
+                             wait_serving)
+from support.wait import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n"]
+
+
+def _greedy(url: str) -> list[str]:
+    oai = client(url)
+    return [oai.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0)
+            .choices[0].text for p in PROMPTS]
+
+
+def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster):
+    ns = cluster.new_namespace("e2e-tp2")
+    f32 = ["--dtype", "float32"]
+    create(cluster, ns, "one", extra_args=f32)
+    create(cluster, ns, "tp2", tensor_parallel=2, nodes_per_group=2, extra_args=f32,
+           backoff_base=1)
+    wait_ready(cluster, ns, "one", "1/1")
+    st = wait_ready(cluster, ns, "tp2", "1/1")
+    ranks = {p["metadata"]["labels"]["shoal.dev/rank"]: p
+             for p in pods(cluster, ns, "shoal.dev/engine=tp2,shoal.dev/component=engine")}
+    assert sorted(ranks) == ["0", "1"]
+    assert ranks["0"]["spec"]["nodeName"] != ranks["1"]["spec"]["nodeName"], \
+        "anti-affinity must put the ranks on two nodes"
+    one_url, tp2_url = service_url(cluster, ns, "one"), service_url(cluster, ns, "tp2")
+    wait_serving(one_url)
+    wait_serving(tp2_url)
+    assert _greedy(tp2_url) == _greedy(one_url)
+
+    # Kill the headless rank's engine process (tini, PID 1, then exits with 137).
+    uids = {r: p["metadata"]["uid"] for r, p in ranks.items()}
+    kill = ("import os, signal\n"
+            "[os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and "
+            "int(p) not in (1, os.getpid()) and b'serve' in open(f'/proc/{p}/cmdline', 'rb').read()]\n")
+    cluster.kubectl("exec", "-n", ns, "tp2-g0-r1", "-c", "engine", "--", "python3", "-c", kill,
+                    check=False)
+    t_kill = time.monotonic()
+    lf = wait_for(lambda: (status(cluster, ns, "tp2").get("lastFailure") or {}).get("pod")
+                  and status(cluster, ns, "tp2")["lastFailure"], timeout=120, interval=0.5,
+                  what="lastFailure")
+    assert (lf["group"], lf["rank"], lf["pod"]) == (0, 1, "tp2-g0-r1"), lf
+
+    def both_recreated():
+        now = {p["metadata"]["labels"]["shoal.dev/rank"]: p["metadata"]["uid"]
+               for p in pods(cluster, ns, "shoal.dev/engine=tp2,shoal.dev/component=engine")}
+        return sorted(now) == ["0", "1"] and all(now[r] != uids[r] for r in now)
+
+    wait_for(both_recreated, timeout=180, interval=0.5, what="both ranks recreated")
+    st = wait_ready(cluster, ns, "tp2", "1/1")
+    assert st["restartCount"] == 1
+    wait_serving(tp2_url)
+    record("tp2_kill_rank1_to_serving", time.monotonic() - t_kill)
+    assert _greedy(tp2_url) == _greedy(one_url)

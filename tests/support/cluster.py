@@ -1,0 +1,204 @@
+"""The `cluster` fixture: the local cluster with real nodes (scripts/k8s-control-plane/cluster.py)
+with the operator installed from the Helm chart, for the end-to-end tier (tests/e2e/).
+
+Build: binaries and images are prepared in `pytest_collection_finish` (`cluster.py prepare`,
+a no-op when cached; cold ~20 minutes), before any per-test timeout starts, and only when a
+collected test uses `cluster`. A failure there makes every such test fail with the build's
+output; the tier never skips by itself.
+
+Start: `cluster.py start` (it removes leftovers of a killed run first). A cluster that
+`make cluster` left running is reused and left running; one this session started is stopped and
+removed at the end. On a failed test the logs of every component and the cluster's state are
+attached to the report (section "cluster logs").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "k8s-control-plane"
+CLUSTER_PY = SCRIPTS / "cluster.py"
+ENGINE_IMAGE = "ghcr.io/shoal-dev/shoal:0.1.0"
+MODEL_MOUNT = "/models"
+MODEL_HOST_DIR = "/var/lib/shoal-cluster/models"
+
+_prepare_error: str | None = None
+
+
+def _uses_cluster(items) -> bool:
+    return any("cluster" in getattr(item, "fixturenames", ()) for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    global _prepare_error
+    if session.config.option.collectonly or not _uses_cluster(session.items):
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = tr.write_line if tr is not None else print
+    say("cluster: preparing binaries and images (cluster.py prepare; cached after the first run)")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(CLUSTER_PY), "prepare"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-60:]
+        if line.startswith(("[cluster", "[k8s-build")):
+            say("  " + line.rstrip())
+    if proc.wait() != 0:
+        _prepare_error = "\n".join(tail)
+        say("cluster: prepare FAILED; tests using `cluster` will fail")
+    elif time.monotonic() - t0 > 5:
+        say(f"cluster: prepared in {time.monotonic() - t0:.0f}s")
+
+
+class Cluster:
+    """Handle for tests: kubeconfig, kubectl/helm, the Python client, namespaces, logs."""
+
+    def __init__(self, state: dict, reused: bool) -> None:
+        sys.path.insert(0, str(REPO / "tests"))
+        from support.k8s_tools import ensure_k8s_tools
+
+        self.state = state
+        self.reused = reused
+        self.kubeconfig = state["kubeconfig"]
+        self.logs = Path(state["logs"])
+        self.tools = ensure_k8s_tools()
+        self.env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
+                input: str | None = None) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(self.tools.kubectl), *args], env=self.env, capture_output=True,
+                             text=True, timeout=timeout, input=input)
+        if check and res.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
+        return res
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        res = subprocess.run([str(self.tools.helm), *args], env=self.env, capture_output=True,
+                             text=True, timeout=timeout)
+        if res.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {res.stderr.strip()}")
+        return res.stdout
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def api_client(self):
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=self.kubeconfig)
+
+    def new_namespace(self, prefix: str) -> str:
+        name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}"
+        self.kubectl("create", "namespace", name)
+        self.kubectl("label", "namespace", name, "shoal-test=e2e")
+        return name
+
+    def apply(self, obj: dict) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def report(self) -> str:
+        """Everything one needs to see why a test failed: objects, events, every log's tail."""
+        parts = []
+        for args in (("get", "nodes,pods,svc,ie", "-A", "-o", "wide"),
+                     ("get", "events", "-A", "--sort-by=.lastTimestamp"),
+                     ("logs", "-n", "shoal-system", "deploy/shoal-operator", "--tail=80")):
+            res = self.kubectl(*args, check=False, timeout=30)
+            parts.append(f"$ kubectl {' '.join(args)}\n{res.stdout[-6000:]}{res.stderr[-2000:]}")
+        for log in sorted(self.logs.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-30:]
+            parts.append(f"--- {log} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n\n".join(parts)
+
+
+def _run_cluster(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CLUSTER_PY), *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# Package scope (tests/e2e): the cluster goes away when the tier is done, not at the end of the
+# whole session, so the rest of the suite does not share the 2 cores with an idle cluster.
+@pytest.fixture(scope="package")
+def cluster():
+    if _prepare_error is not None:
+        pytest.fail(f"cluster prepare failed:\n{_prepare_error}", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier needs root (network namespaces, mounts, cgroups)",
+                    pytrace=False)
+    reused = _run_cluster("status", timeout=30).returncode == 0
+    res = _run_cluster("start", timeout=900)
+    if res.returncode != 0:
+        logs = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal")) / \
+            "cluster" / "logs"
+        tails = "\n".join(f"--- {p}\n" + "\n".join(p.read_text(errors="replace")
+                                                    .splitlines()[-25:])
+                          for p in sorted(logs.glob("*.log")))
+        _run_cluster("stop", timeout=300)
+        pytest.fail(f"the cluster did not come up:\n{res.stderr[-6000:]}\n{tails}", pytrace=False)
+    state = json.loads(res.stdout)
+    handle = Cluster(state, reused)
+    try:
+        sys.path.insert(0, str(SCRIPTS))
+        import cluster_demo
+        from support.models import ensure_model
+
+        cluster_demo.install_model(ensure_model("shoal-tiny", "tiny"))
+        cluster_demo.install_operator(cluster_demo.Kube(handle.kubeconfig))
+        yield handle
+    finally:
+        for ns in handle.kubectl("get", "ns", "-l", "shoal-test=e2e", "-o", "name",
+                                 check=False).stdout.split():
+            handle.kubectl("delete", ns, "--wait=false", check=False)
+        if not reused:
+            stop = _run_cluster("stop", timeout=300)
+            if stop.returncode != 0:
+                raise AssertionError(f"cluster teardown left things behind:\n{stop.stderr[-3000:]}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and "cluster" in getattr(item, "funcargs", {}):
+        try:
+            rep.sections.append(("cluster logs", item.funcargs["cluster"].report()))
+        except Exception as exc:  # noqa: BLE001 - the report must not hide the failure
+            rep.sections.append(("cluster logs", f"(could not collect: {exc})"))
+
+
+def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
+                     tensor_parallel: int = 1, shutdown_s: int = 10, extra_args=None,
+                     backoff_base: int = 2, max_model_len: int = 1024, **spec) -> dict:
+    """An InferenceEngine serving the project's tiny model from the nodes' hostPath."""
+    body = {
+        "apiVersion": "shoal.dev/v1alpha1", "kind": "InferenceEngine",
+        "metadata": {"name": name},
+        "spec": {
+            "model": f"{MODEL_MOUNT}/shoal-tiny", "servedModelName": "shoal-tiny",
+            "image": ENGINE_IMAGE, "replicas": replicas,
+            "tensorParallelSize": tensor_parallel, "nodesPerGroup": nodes_per_group,
+            "modelVolume": {"mountPath": MODEL_MOUNT,
+                            "volume": {"hostPath": {"path": MODEL_HOST_DIR, "type": "Directory"}}},
+            "engine": {"extraArgs": ["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
+                                     *(extra_args or [])],
+                       "startupTimeoutSeconds": 300,
+                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                     "limits": {"memory": "4Gi"}}},
+            "frontend": {"replicas": 1,
+                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}},
+            "shutdown": {"timeoutSeconds": shutdown_s},
+            "restartPolicy": {"backoffBaseSeconds": backoff_base, "backoffMaxSeconds": 30},
+            **spec,
+        },
+    }
+    return body
