@@ -45,8 +45,9 @@ def served(cluster):
             return False
 
     wait_for(first_token, timeout=480, interval=0.5, what="the first streamed token")
-    record("apply_to_first_token", time.monotonic() - t0, images="warm")
-    return {"ns": ns, "url": url}
+    record("apply_to_first_token", time.monotonic() - t0)
+    yield {"ns": ns, "url": url}
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_openai_client_completion_and_stream(cluster, served):

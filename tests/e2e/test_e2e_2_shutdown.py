@@ -42,16 +42,17 @@ def _children_gone(cluster, ns: str, name: str) -> bool:
     return not left
 
 
-def test_scale_down_drains_then_delete_drains(cluster):
-    ns = cluster.new_namespace("e2e-drain")
+def test_scale_down_drains_then_delete_drains(cluster, new_ns):
+    ns = new_ns("e2e-drain")
     name = "drain"
-    create(cluster, ns, name, replicas=2, shutdown_s=60, max_model_len=2048)
+    create(cluster, ns, name, replicas=2, shutdown_s=120, max_model_len=2048)
     wait_ready(cluster, ns, name, "2/2")
     url = service_url(cluster, ns, name)
     wait_serving(url)
 
-    # Streams long enough to outlive the scale-down's first steps (ignore_eos: all max_tokens).
-    streams = _streams(url, 4, max_tokens=900)
+    # Streams long enough to outlive the scale-down's first steps (ignore_eos: all max_tokens;
+    # max_model_len 2048).
+    streams = _streams(url, 4, max_tokens=1800)
     m = frontend_metrics(cluster, ns, name)
     on_g1 = group_metric(m, "shoal_router_outstanding_requests", 1)
     done_g1 = group_metric(m, "shoal_router_requests_total", 1)
@@ -77,7 +78,7 @@ def test_scale_down_drains_then_delete_drains(cluster):
     assert group_metric(m, "shoal_router_upstream_errors_total", 1) == 0, m
 
     # Delete with streams in flight: they finish, then everything is garbage-collected.
-    streams = _streams(url, 2, max_tokens=600)
+    streams = _streams(url, 2, max_tokens=1500)
     cluster.kubectl("delete", "ie", name, "-n", ns, "--wait=false")
     t_delete = time.monotonic()
     for s in streams:
@@ -89,8 +90,8 @@ def test_scale_down_drains_then_delete_drains(cluster):
     record("delete_to_gone", time.monotonic() - t_delete, streams=2, drain=True)
 
 
-def test_timeout_zero_aborts_streams(cluster):
-    ns = cluster.new_namespace("e2e-abort")
+def test_timeout_zero_aborts_streams(cluster, new_ns):
+    ns = new_ns("e2e-abort")
     name = "abort"
     create(cluster, ns, name, replicas=1, shutdown_s=0, max_model_len=2048)
     wait_ready(cluster, ns, name, "1/1")

@@ -13,8 +13,8 @@ from e2e.e2e_helpers import completes, create, events, ie, service_url, status, 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def test_bad_flag_is_permanent_until_the_spec_is_fixed(cluster):
-    ns = cluster.new_namespace("e2e-perm")
+def test_bad_flag_is_permanent_until_the_spec_is_fixed(cluster, new_ns):
+    ns = new_ns("e2e-perm")
     name = "perm"
     create(cluster, ns, name, extra_args=["--no-such-flag"], backoff_base=1)
     pod = f"{name}-g0-r0"

@@ -7,9 +7,19 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2e.e2e_helpers import (MODEL, client, create, pods, record, service_url, status, wait_ready,
-                             wait_serving)
 from support.wait import wait_for
+
+from e2e.e2e_helpers import (
+    MODEL,
+    client,
+    create,
+    pods,
+    record,
+    service_url,
+    status,
+    wait_ready,
+    wait_serving,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n"]
@@ -21,8 +31,8 @@ def _greedy(url: str) -> list[str]:
             .choices[0].text for p in PROMPTS]
 
 
-def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster):
-    ns = cluster.new_namespace("e2e-tp2")
+def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new_ns):
+    ns = new_ns("e2e-tp2")
     f32 = ["--dtype", "float32"]
     create(cluster, ns, "one", extra_args=f32)
     create(cluster, ns, "tp2", tensor_parallel=2, nodes_per_group=2, extra_args=f32,
