@@ -136,10 +136,13 @@ def remove_paths() -> None:
         netns.unlink(missing_ok=True)
     for p in (RUN_DIR, VAR_DIR, *HOST_PATHS, Path("/run/shoal-buildah")):
         shutil.rmtree(p, ignore_errors=True)
-    try:
-        Path("/run/netns").rmdir()  # created by `ip netns add`; only if nothing else is in it
-    except OSError:
-        pass
+    netns_dir = Path("/run/netns")  # made (and bind-mounted on itself) by `ip netns add`
+    if netns_dir.is_dir() and not any(netns_dir.iterdir()):
+        run(["umount", str(netns_dir)], check=False)
+        try:
+            netns_dir.rmdir()
+        except OSError:
+            pass
     for node in NODE_NAMES:  # containers and their snapshots go; image content stays
         meta = node_store(node) / "containerd"
         for sub in ("io.containerd.grpc.v1.cri/containers", "io.containerd.grpc.v1.cri/sandboxes"):
