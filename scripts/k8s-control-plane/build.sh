@@ -56,6 +56,10 @@ BUILD_PKGS=(golang-1.19-go dpkg-dev golang-github-modern-go-reflect2-dev
             golang-github-json-iterator-go-dev ca-certificates)
 # gcc + static libc for the pause binary (node set only).
 NODE_BUILD_PKGS=(gcc libc6-dev)
+# What a node and the images need at run time (cluster.py): installed whenever `node` is asked
+# for, even on a warm cache (a cache restored onto a fresh machine).
+NODE_RUNTIME_PKGS=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base
+                   buildah podman debootstrap)
 SRC_LIST=/etc/apt/sources.list.d/shoal-bookworm-src.sources
 
 T0=$(date +%s)
@@ -106,6 +110,7 @@ fi
 
 # Runtime packages are needed even with a warm cache (a cache restored onto a fresh machine).
 apt_install "${RUNTIME_PKGS[@]}"
+[ "$WANT_NODE" = 1 ] && apt_install "${NODE_RUNTIME_PKGS[@]}"
 command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
 
 BUILD_CP=0
