@@ -4,6 +4,7 @@ parallel layout, exit descriptions. Real processes for the ring's readers (it is
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
 import msgspec
 import pytest
@@ -114,3 +115,23 @@ def test_exits_are_described_by_signal_or_code():
     assert procs.describe_exit(-9) == "was killed by SIGKILL (possibly the kernel's OOM killer)"
     assert procs.describe_exit(-15) == "was killed by SIGTERM"
     assert procs.describe_exit(3) == "exited with code 3"
+
+
+def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_path,
+                                                                          monkeypatch):
+    from shoal.engine import wire
+    from shoal.engine.config import check_model_readable
+    from shoal.engine.engine_core_proc import termination_cause
+    from shoal.engine.termination import Cause, is_permanent
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    check_model_readable(str(tmp_path))  # readable: nothing to say
+    real_access = os.access
+    # The suite runs as root, who reads any file: the OS's answer for uid 10001 is simulated.
+    monkeypatch.setattr(os, "access", lambda p, mode: not str(p).endswith(".safetensors")
+                        and real_access(p, mode))
+    with pytest.raises(PermissionError, match=r"\['model.safetensors'\] .* not readable"):
+        check_model_readable(str(tmp_path))
+    dead = wire.EngineDead("EngineCore_0", 1, 0, "PermissionError", "model files ... not readable")
+    assert termination_cause(dead) == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)

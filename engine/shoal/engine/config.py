@@ -41,6 +41,22 @@ def read_model_config(model: str) -> dict:
         raise ValueError(f"{cfg_file} is not valid JSON: {exc}") from None
 
 
+def check_model_readable(model: str) -> None:
+    """PermissionError naming the files of a model directory this process cannot read.
+
+    Loaders report an unreadable file as "No such file or directory" (safetensors does), which
+    reads as a missing model, a permanent fault; an unreadable one is a start-up fault that a
+    fixed volume cures, and it must say so."""
+    path = Path(model)
+    if not path.is_dir():
+        return
+    unreadable = sorted(p.name for p in path.iterdir() if p.is_file() and not os.access(p, os.R_OK))
+    if unreadable:
+        raise PermissionError(f"model files {unreadable} in {model} exist but are not readable by "
+                              f"this process (uid {os.getuid()}); make them readable by it (e.g. "
+                              "chmod a+r; `shoal make-model` writes them so)")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """All knobs of one engine. Construct it with keyword arguments; it validates itself."""

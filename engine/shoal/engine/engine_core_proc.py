@@ -479,6 +479,8 @@ def termination_cause(dead: wire.EngineDead):
     text = dead.message.lower()
     if dead.exc_type == "NodeLost":
         return Cause.PEER_LOST
+    if dead.exc_type == "PermissionError":  # the model is there (config.check_model_readable)
+        return Cause.STARTUP_ERROR
     if dead.exc_type in ("MemoryError", "OutOfMemoryError") or "out of memory" in text:
         return Cause.OUT_OF_MEMORY
     if dead.exc_type == "FileNotFoundError" or "does not exist" in text:

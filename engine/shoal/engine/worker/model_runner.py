@@ -12,7 +12,7 @@ import ctypes
 import logging
 
 import torch
-from shoal.engine.config import EngineConfig
+from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.worker import cpu_kernel, paged_attention, tensor_parallel
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
@@ -94,6 +94,7 @@ class ModelRunner:
     def load_model(self) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        check_model_readable(self.config.model)
         hf_config = AutoConfig.from_pretrained(self.config.model)
         try:
             model_cls = AutoModelForCausalLM._model_mapping[type(hf_config)]
