@@ -53,6 +53,20 @@ def group(tmp_path):
         s.stop(30)
 
 
+@pytest.fixture
+def two_nodes(group, tiny_model):
+    """Starts a two-node group of the tiny model (the headless node first: it waits for node 0)
+    and returns (node0, node1) once node 0 answers /health."""
+
+    def start(tp: int, *node0_extra: str, env: dict | None = None):
+        node0_flags, node1_flags = two_node_flags(tp)
+        node1 = group(tiny_model, *node1_flags)
+        node0 = group(tiny_model, *node0_flags, *node0_extra, env=env).wait_healthy()
+        return node0, node1
+
+    return start
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tp2_on_one_node_is_greedy_equal_to_transformers_through_http(arch, group, tiny_model,
                                                                       request):
@@ -66,10 +80,8 @@ def test_tp2_on_one_node_is_greedy_equal_to_transformers_through_http(arch, grou
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_two_nodes_are_greedy_equal_to_transformers(tp, group, tiny_model):
-    node0_flags, node1_flags = two_node_flags(tp)
-    node1 = group(tiny_model, *node1_flags)  # the headless node may start first: it waits
-    node0 = group(tiny_model, *node0_flags).wait_healthy()
+def test_two_nodes_are_greedy_equal_to_transformers(tp, two_nodes, tiny_model):
+    node0, node1 = two_nodes(tp)
     assert len([p for p in psutil.Process(node1.proc.pid).children(recursive=True)
                 if "worker_proc" in " ".join(p.cmdline())]) == tp // 2
     ps = prompts()
@@ -115,10 +127,8 @@ def test_a_worker_that_raises_fails_every_stream_with_its_own_message(group, tin
     assert_tree_gone(tree)
 
 
-def test_kill_9_of_the_headless_node_names_rank_1_on_node_1(group, tiny_model):
-    node0_flags, node1_flags = two_node_flags(2)
-    node1 = group(tiny_model, *node1_flags)
-    node0 = group(tiny_model, *node0_flags, env={"SHOAL_DEAD_LINGER_S": "3"}).wait_healthy()
+def test_kill_9_of_the_headless_node_names_rank_1_on_node_1(two_nodes):
+    node0, node1 = two_nodes(2, env={"SHOAL_DEAD_LINGER_S": "3"})
     tree = process_tree(node0, node1)
     streams = Streams(node0, NUM_STREAMS)
     streams.wait_started()
@@ -134,10 +144,8 @@ def test_kill_9_of_the_headless_node_names_rank_1_on_node_1(group, tiny_model):
     assert_tree_gone(tree)
 
 
-def test_kill_9_of_the_engine_core_stops_the_headless_node_within_10_s(group, tiny_model):
-    node0_flags, node1_flags = two_node_flags(4)
-    node1 = group(tiny_model, *node1_flags)
-    node0 = group(tiny_model, *node0_flags, env={"SHOAL_DEAD_LINGER_S": "3"}).wait_healthy()
+def test_kill_9_of_the_engine_core_stops_the_headless_node_within_10_s(two_nodes):
+    node0, node1 = two_nodes(4, env={"SHOAL_DEAD_LINGER_S": "3"})
     tree = process_tree(node0, node1)
     streams = Streams(node0, NUM_STREAMS)
     streams.wait_started()
@@ -156,12 +164,10 @@ def test_kill_9_of_the_engine_core_stops_the_headless_node_within_10_s(group, ti
     assert_tree_gone(tree)
 
 
-def test_a_headless_node_exits_within_10_s_when_node_0_becomes_unreachable(group, tiny_model):
+def test_a_headless_node_exits_within_10_s_when_node_0_becomes_unreachable(two_nodes):
     """Node 0 frozen (SIGSTOP of its whole tree: no heartbeat, no connection reset) is what an
     unreachable node looks like from node 1."""
-    node0_flags, node1_flags = two_node_flags(2)
-    node1 = group(tiny_model, *node1_flags)
-    node0 = group(tiny_model, *node0_flags).wait_healthy()
+    node0, node1 = two_nodes(2)
     tree0, tree1 = process_tree(node0), process_tree(node1)
     stopped_at = time.monotonic()
     for p in tree0:
@@ -177,13 +183,11 @@ def test_a_headless_node_exits_within_10_s_when_node_0_becomes_unreachable(group
             p.kill()
 
 
-def test_sigterm_to_the_headless_node_alone_drains_the_group_from_node_0(group, tiny_model):
+def test_sigterm_to_the_headless_node_alone_drains_the_group_from_node_0(two_nodes):
     """SIGTERM to a headless node asks node 0 to shut the group down: node 0 drains by its
     --shutdown-timeout (in-flight streams finish, new requests get 503) while the headless node
     keeps serving its shard; then every process exits 0."""
-    node0_flags, node1_flags = two_node_flags(2)
-    node1 = group(tiny_model, *node1_flags)
-    node0 = group(tiny_model, *node0_flags, "--shutdown-timeout", "120").wait_healthy()
+    node0, node1 = two_nodes(2, "--shutdown-timeout", "120")
     tree = process_tree(node0, node1)
     streams = Streams(node0, 4, max_tokens=60)
     streams.wait_started()
@@ -240,10 +244,8 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
             p.stop(10)
 
 
-def test_kill_9_of_the_frontend_leaves_no_process_of_either_node(group, tiny_model):
-    node0_flags, node1_flags = two_node_flags(2)
-    node1 = group(tiny_model, *node1_flags)
-    node0 = group(tiny_model, *node0_flags).wait_healthy()
+def test_kill_9_of_the_frontend_leaves_no_process_of_either_node(two_nodes):
+    node0, node1 = two_nodes(2)
     tree = process_tree(node0, node1)
     os.kill(node0.proc.pid, signal.SIGKILL)  # EngineCore's watchdog, then parent-death signals
     assert node1.wait_exit(15) == 1
