@@ -149,10 +149,9 @@ class EngineCoreProc:
         self.engine_core = EngineCore(config)
         core = self.engine_core
         executor = core.model_executor
-        if hasattr(executor, "failure_callbacks"):  # a multi-rank group: wake the busy loop
-            executor.failure_callbacks.append(
-                lambda failure: self.input_queue.put((RequestType.EXECUTOR_FAILED, failure)))
-            executor.on_shutdown_request = self._group_shutdown_requested
+        executor.failure_callbacks.append(  # a rank failed: wake the busy loop
+            lambda failure: self.input_queue.put((RequestType.EXECUTOR_FAILED, failure)))
+        executor.on_shutdown_request = self._group_shutdown_requested
         logger.info("%s: KV cache %d blocks x %d tokens, max_model_len %d (%.1f s since start)",
                     self.name, core.num_blocks, core.block_size, core.max_model_len,
                     time.monotonic() - self.started)
@@ -386,7 +385,7 @@ class EngineCoreProc:
         if executor is None:
             return
         try:
-            getattr(executor, "abort", executor.shutdown)()
+            executor.abort()
         except Exception:  # noqa: BLE001 - dying anyway; the cause is already reported
             logger.exception("%s: stopping the workers after the engine's death failed",
                              self.name)

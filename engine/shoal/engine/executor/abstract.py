@@ -16,6 +16,10 @@ from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 class Executor(ABC):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # Called (from any thread) with the RankFailure when a rank fails; a group only.
+        self.failure_callbacks: list = []
+        # Called when a headless node asks the group to shut down; a multi-node group only.
+        self.on_shutdown_request = lambda request: None
         self._init_executor()
 
     @abstractmethod
@@ -40,3 +44,7 @@ class Executor(ABC):
 
     def shutdown(self) -> None:
         self.collective_rpc("shutdown")
+
+    def abort(self) -> None:
+        """Stop at once: the engine is dying of its own error."""
+        self.shutdown()

@@ -24,7 +24,6 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -39,7 +38,6 @@ from shoal.engine.executor.rank_wire import (
     STARTUP_CALL_ID,
     NodeWelcome,
     RankFailure,
-    ShutdownRequest,
     WorkerCall,
     WorkerReply,
 )
@@ -107,8 +105,6 @@ class MultiprocExecutor(Executor):
         cfg = self.config
         self.failure: RankFailure | None = None
         self.suspect: tuple[RankFailure, float] | None = None  # a collective's failure, and when
-        self.failure_callbacks: list[Callable[[RankFailure], None]] = []
-        self.on_shutdown_request: Callable[[ShutdownRequest], None] = lambda req: None
         self.lock = threading.Lock()
         self.call_ids = itertools.count(STARTUP_CALL_ID + 1)
         self.futures: dict[int, RpcFuture] = {}
@@ -142,7 +138,8 @@ class MultiprocExecutor(Executor):
         self.link = None
         try:
             if cfg.nnodes > 1:
-                self.link = GroupLinkServer(cfg, self._fail, self._shutdown_requested)
+                self.link = GroupLinkServer(cfg, self._fail,
+                                            lambda req: self.on_shutdown_request(req))
                 welcome = NodeWelcome(self.broadcaster.tcp_address, self.reply_tcp)
                 self.link.wait_for_nodes(welcome, NODE_JOIN_TIMEOUT_S, self._alive_during_start)
                 self.link.start()
@@ -234,9 +231,6 @@ class MultiprocExecutor(Executor):
                 p.kill()
         for cb in list(self.failure_callbacks):
             cb(failure)
-
-    def _shutdown_requested(self, req: ShutdownRequest) -> None:
-        self.on_shutdown_request(req)
 
     def _promote_suspect(self) -> None:
         """No peer's failure came within the grace: the collective's own failure is the cause."""
