@@ -2,6 +2,7 @@
 # Build Kubernetes from Debian bookworm's `kubernetes` source package, once per cache.
 #
 #   build.sh [control-plane] [node]      (no argument: control-plane; `all`: both)
+#   build.sh packages                    (only what nodes and image builds need at run time)
 #
 #   control-plane: kube-apiserver, kube-controller-manager (what the operator's tests need)
 #   node:          kubelet, kube-scheduler, kube-proxy and a static `pause` binary (what
@@ -32,13 +33,15 @@ NODE_CMDS=(kubelet kube-scheduler kube-proxy)
 
 WANT_CP=0
 WANT_NODE=0
+ONLY_PACKAGES=0
 [ $# -eq 0 ] && WANT_CP=1
 for arg in "$@"; do
     case "$arg" in
         control-plane) WANT_CP=1 ;;
         node) WANT_NODE=1 ;;
         all) WANT_CP=1; WANT_NODE=1 ;;
-        *) echo "usage: $0 [control-plane] [node] | all" >&2; exit 2 ;;
+        packages) WANT_NODE=1; ONLY_PACKAGES=1 ;;
+        *) echo "usage: $0 [control-plane] [node] | all | packages" >&2; exit 2 ;;
     esac
 done
 
@@ -112,6 +115,8 @@ fi
 apt_install "${RUNTIME_PKGS[@]}"
 [ "$WANT_NODE" = 1 ] && apt_install "${NODE_RUNTIME_PKGS[@]}"
 command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
+# `packages`: cluster.py builds the images (debootstrap, buildah) while the binaries compile.
+[ "$ONLY_PACKAGES" = 1 ] && exit 0
 
 BUILD_CP=0
 BUILD_NODE=0
