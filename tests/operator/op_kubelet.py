@@ -28,13 +28,14 @@ def bind(kube: Kube, ns: str, name: str, node: str = "node-a") -> None:
                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 
 
-def set_ready(kube: Kube, ns: str, name: str, ready: bool = True) -> None:
+def set_ready(kube: Kube, ns: str, name: str, ready: bool = True,
+              container: str = L.ENGINE_CONTAINER) -> None:
     status = {
         "phase": "Running",
         "podIP": "10.244.0.10",
         "conditions": [_cond("Initialized", True), _cond("Ready", ready), _cond("ContainersReady", ready),
                        _cond("PodScheduled", True)],
-        "containerStatuses": [{"name": L.ENGINE_CONTAINER, "image": "shoal:test", "imageID": "",
+        "containerStatuses": [{"name": container, "image": "shoal:test", "imageID": "",
                                "ready": ready, "restartCount": 0, "started": True,
                                "state": {"running": {"startedAt": _now()}}}],
     }
@@ -65,3 +66,17 @@ def terminate(kube: Kube, ns: str, name: str, exit_code: int = 1, message: str =
 def finish_deletion(kube: Kube, ns: str, name: str) -> None:
     """The kubelet's last step after the container stopped: remove the pod object."""
     kube.delete("v1", "pods", ns, name, grace_seconds=0)
+
+
+def frontend_pods(kube: Kube, ns: str, name: str) -> list[dict]:
+    """The frontend Deployment's pods (made by the real ReplicaSet controller)."""
+    sel = f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_FRONTEND}"
+    return [p for p in kube.list("v1", "pods", ns, sel) if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_frontends(kube: Kube, ns: str, name: str, ready: bool = True) -> int:
+    """Report every frontend pod of `name` Ready (its /health answered: it reaches a group)."""
+    fes = frontend_pods(kube, ns, name)
+    for p in fes:
+        set_ready(kube, ns, p["metadata"]["name"], ready, container=L.FRONTEND_CONTAINER)
+    return len(fes)

@@ -33,7 +33,7 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         port = _free_port()
-        env = {**self.control_plane.env(), "SHOAL_RESYNC_SECONDS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**self.control_plane.env(), "PYTHONUNBUFFERED": "1"}
         if self.stats_path:
             env["SHOAL_OPERATOR_STATS_FILE"] = str(self.stats_path)
         self._log = open(self.log_path, "a")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from op_builders import engine
-from op_kubelet import bind, finish_deletion, set_ready, terminate
+from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate
 from op_support import api_error, condition, create_ie, events, ie, pods
 from shoal.engine.termination import Cause, encode
 from shoal.operator import labels as L
@@ -21,9 +21,11 @@ pytestmark = pytest.mark.k8s
 
 
 def _ready_all(kube, ns, name, group=None):
+    """Engine pods Ready, and the frontends too (a Ready resource is one a client reaches)."""
     for pod in pods(kube, ns, name, group).values():
         if not pod["metadata"].get("deletionTimestamp"):
             set_ready(kube, ns, pod["metadata"]["name"])
+    wait_for(lambda: ready_frontends(kube, ns, name) > 0, timeout=10, what=f"frontend pods of {name}")
 
 
 def _status(kube, ns, name):
@@ -150,13 +152,46 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     assert not pods(kube, ns, "sc", 1)["sc-g1-r1"]["metadata"].get("deletionTimestamp")
     assert _group(kube, ns, "sc", 1)["phase"] == "Draining"
 
-    finish_deletion(kube, ns, "sc-g1-r0")  # the kubelet: rank 0 exited after draining
+    # The kubelet: rank 0's engine exited after draining; the pod object stays a while longer.
+    # The drain ends with the container, not with the pod object.
+    terminate(kube, ns, "sc-g1-r0", exit_code=0)
     wait_for(lambda: pods(kube, ns, "sc", 1).get("sc-g1-r1", {}).get("metadata", {}).get("deletionTimestamp"),
              timeout=10, what="the headless rank to be stopped after rank 0")
-    assert events(kube, ns, "DrainFinished")
+    assert len(events(kube, ns, "DrainFinished")) == 1 and "sc-g1-r0" in pods(kube, ns, "sc", 1)
+    finish_deletion(kube, ns, "sc-g1-r0")
     finish_deletion(kube, ns, "sc-g1-r1")
     wait_for(lambda: len(_status(kube, ns, "sc").get("groups") or []) == 1, timeout=10, what="group 1 gone")
     assert set(pods(kube, ns, "sc")) == {"sc-g0-r0", "sc-g0-r1"}
+
+
+def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating(kube, ns):
+    """Found on a real cluster: one-rank groups never got DrainFinished, and a resource being
+    deleted said Ready=True "0/0 engine groups ready"."""
+    create_ie(kube, engine("one", ns).groups(2).drain(60).manifest())
+    for name in _wait_pods(kube, ns, "one", 2):
+        bind(kube, ns, name)
+    _ready_all(kube, ns, "one")
+    wait_for(lambda: _status(kube, ns, "one").get("phase") == "Ready", timeout=10)
+    assert condition(ie(kube, ns, "one"), "Serving")["status"] == "True"
+
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "one", {"spec": {"replicas": 1}}, sub="scale")
+    wait_for(lambda: events(kube, ns, "DrainStarted"), timeout=10, what="DrainStarted for group 1")
+    terminate(kube, ns, "one-g1-r0", exit_code=0)  # drained; the pod object lingers
+    wait_for(lambda: events(kube, ns, "DrainFinished"), timeout=10, what="DrainFinished for group 1")
+    finish_deletion(kube, ns, "one-g1-r0")
+    wait_for(lambda: len(_status(kube, ns, "one").get("groups") or []) == 1, timeout=10, what="group 1 gone")
+
+    kube.delete(L.API_VERSION, L.PLURAL, ns, "one")
+    ready = wait_for(lambda: (lambda c: c if c.get("reason") == "Terminating" else None)(
+        condition(ie(kube, ns, "one"), "Ready")), timeout=10, what="Ready=False Terminating")
+    assert ready["status"] == "False" and "1 engine pods left" in ready["message"]
+    assert _status(kube, ns, "one")["phase"] == "Terminating"
+    wait_for(lambda: len(events(kube, ns, "DrainStarted")) == 2, timeout=10, what="group 0's drain")
+    terminate(kube, ns, "one-g0-r0", exit_code=0)
+    wait_for(lambda: len(events(kube, ns, "DrainFinished")) == 2, timeout=10, what="group 0's DrainFinished")
+    finish_deletion(kube, ns, "one-g0-r0")
+    wait_for(lambda: ie(kube, ns, "one") is None, timeout=15, what="the resource gone")
+    assert not events(kube, ns, "DrainOverdue")
 
 
 def test_a_spec_update_rolls_one_group_at_a_time(kube, ns):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from op_builders import engine
-from op_kubelet import set_ready, terminate
+from op_kubelet import ready_frontends, set_ready, terminate
 from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
 from shoal.engine.termination import Cause, encode
 from shoal.operator import labels as L
@@ -77,6 +77,7 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         wait_for(lambda: len(pods(kube, ns, "rs")) == 6, timeout=20, what="6 pods")
         for name in pods(kube, ns, "rs"):
             set_ready(kube, ns, name)
+        wait_for(lambda: ready_frontends(kube, ns, "rs") > 0, timeout=10, what="the frontend pod")
         wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("ready") == "3/3", timeout=10)
         terminate(kube, ns, "rs-g2-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
         wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("restartCount") == 1, timeout=10)

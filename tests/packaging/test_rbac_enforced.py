@@ -109,7 +109,7 @@ class Operator:
         self.args = [a if not a.startswith("--liveness=") else f"--liveness={self.health}" for a in container["args"]]
         self.log = env.home / f"operator-{release_ns}.log"
         exe = Path(sys.executable).with_name("shoal-operator")
-        child_env = {**os.environ, "KUBECONFIG": str(env.sa_kubeconfig(release_ns)), "SHOAL_RESYNC_SECONDS": "2"}
+        child_env = {**os.environ, "KUBECONFIG": str(env.sa_kubeconfig(release_ns))}
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([exe, *self.args], env=child_env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)

@@ -283,7 +283,7 @@ def status_schema() -> dict:
             "endpoint": _s("string", "endpoint is the in-cluster OpenAI base URL. Example: `http://llm.default.svc:8000/v1`."),
             "restartCount": _s("integer", "restartCount is the total number of group restarts since creation.", format="int32"),
             "revision": _s("string", "revision is the hash of the current engine spec."),
-            "conditions": _s("array", "conditions: Ready, Progressing, Degraded, EngineDead, SpecValid.",
+            "conditions": _s("array", "conditions: Ready, Serving, Progressing, Degraded, EngineDead, SpecValid.",
                              items=_condition(), **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
             "groups": _s("array", "groups is the state of every engine group, rank by rank.", items=group),
             "lastFailure": _failure(),

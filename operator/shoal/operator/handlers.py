@@ -2,8 +2,10 @@
 
 Triggers, all funnelled into one `Reconciler.reconcile(body)` guarded by a per-resource lock:
 - the InferenceEngine is created, resumed (operator start) or its spec/metadata changes;
-- any engine pod of ours changes (a rank got ready, terminated, was deleted);
-- a timer every $SHOAL_RESYNC_SECONDS (backoff deadlines, drain progress, missed events);
+- any engine or frontend pod of ours changes (a rank got ready, terminated, was deleted);
+- the time a pass planned (a backoff deadline, a drain's deadline): `Wakeups` runs that pass
+  when it is due, so a restart due in 37 s happens at 37 s;
+- a timer: a full pass every $SHOAL_FULL_RESYNC_SECONDS as a safety net for missed events;
 - deletion: a finalizer holds the resource until every group has stopped in order.
 
 Handler progress and the diff base are kept in annotations under `shoal.dev/`: the structural
@@ -22,11 +24,15 @@ import kopf
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler
+from shoal.operator.wakeups import Wakeups
 
 log = logging.getLogger("shoal.operator")
 
 RESYNC_SECONDS = float(os.environ.get("SHOAL_RESYNC_SECONDS", "10"))
 FULL_RESYNC_SECONDS = float(os.environ.get("SHOAL_FULL_RESYNC_SECONDS", str(max(60.0, RESYNC_SECONDS))))
+# How long one run of the delete handler follows the ordered stop before it hands back to kopf
+# (each hand-back is one annotation write); pod events drive the stop meanwhile.
+DELETE_FOLLOW_SECONDS = 15.0
 _state: dict = {}
 _stats_lock = threading.Lock()
 
@@ -35,6 +41,12 @@ def reconciler() -> Reconciler:
     if "r" not in _state:
         _state["r"] = Reconciler(Kube())
     return _state["r"]
+
+
+def wakeups() -> Wakeups:
+    if "w" not in _state:
+        _state["w"] = Wakeups(lambda key: _reconcile({"metadata": {"namespace": key[0], "name": key[1]}}))
+    return _state["w"]
 
 
 @kopf.on.startup()
@@ -75,9 +87,13 @@ def _after_pass() -> None:
         write_stats()
 
 
-def _reconcile(body) -> None:
-    reconciler().reconcile(_plain(body))
+def _reconcile(body):
+    outcome = reconciler().reconcile(_plain(body))
+    if outcome.requeue_after is not None:
+        meta = body["metadata"]
+        wakeups().schedule((meta["namespace"], meta["name"]), outcome.requeue_after)
     _after_pass()
+    return outcome
 
 
 def _plain(body) -> dict:
@@ -95,13 +111,12 @@ def on_change(body, **_):
 
 @kopf.timer(L.GROUP, L.VERSION, L.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(body, **_):
-    """Time-driven work (backoff deadlines, drains) every tick; otherwise a full pass only every
-    FULL_RESYNC_SECONDS, as a safety net for missed events: pod events already trigger passes."""
+    """A safety net for missed events: a full pass when none ran for FULL_RESYNC_SECONDS. Time-
+    driven work (backoff deadlines, drains) runs at its planned time through `wakeups()`."""
     if body["metadata"].get("deletionTimestamp"):
         return
-    r = reconciler()
-    if r.waiting_on_time(body.get("status") or {}) or r.seconds_since_pass(
-            body["metadata"]["namespace"], body["metadata"]["name"]) >= FULL_RESYNC_SECONDS:
+    if reconciler().seconds_since_pass(body["metadata"]["namespace"],
+                                       body["metadata"]["name"]) >= FULL_RESYNC_SECONDS:
         _reconcile(body)
 
 
@@ -109,15 +124,35 @@ def resync(body, **_):
 def on_pod(body, **_):
     owner = next((o for o in body["metadata"].get("ownerReferences") or [] if o.get("kind") == L.KIND), None)
     if owner:  # reconcile() reads the owner afresh; the uid guards against a same-name successor
-        reconciler().reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
-                                             "name": owner["name"], "uid": owner.get("uid")}})
-        _after_pass()
+        _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
+                                 "name": owner["name"], "uid": owner.get("uid")}})
+
+
+@kopf.on.event("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_FRONTEND})
+def on_frontend_pod(body, type, **_):
+    """A frontend got (or lost) readiness: the resource's Ready and Serving follow it. Frontend
+    pods belong to a ReplicaSet; the engine label names their InferenceEngine."""
+    labels = body["metadata"].get("labels") or {}
+    if type in ("ADDED", "MODIFIED", "DELETED") and labels.get(L.LABEL_ENGINE):
+        _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
+                                 "name": labels[L.LABEL_ENGINE]}})
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.PLURAL)
 def on_delete(body, **_):
     """Ordered stop of every group (rank 0 drains first); the finalizer goes when no pod is
-    left, and the garbage collector removes the rest through owner references."""
-    outcome = reconciler().reconcile(_plain(body))
-    if outcome.pods_left:
-        raise kopf.TemporaryError(f"waiting for {outcome.pods_left} engine pods to stop", delay=1)
+    left, and the garbage collector removes the rest through owner references. The handler
+    follows the stop for up to DELETE_FOLLOW_SECONDS, waking on each pass (pod events), so a
+    delete writes kopf's progress annotation once per DELETE_FOLLOW_SECONDS, not per second."""
+    meta = body["metadata"]
+    until = time.monotonic() + DELETE_FOLLOW_SECONDS
+    while True:
+        seen = reconciler().passes(meta["namespace"], meta["name"])
+        outcome = _reconcile(body)
+        if not outcome.pods_left:
+            return
+        wait = until - time.monotonic()
+        if wait <= 0:
+            raise kopf.TemporaryError(f"waiting for {outcome.pods_left} engine pods to stop", delay=1)
+        reconciler().wait_for_pass(meta["namespace"], meta["name"], after=seen + 1,
+                                   timeout=min(wait, outcome.requeue_after or 2.0))

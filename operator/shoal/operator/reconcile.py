@@ -71,6 +71,8 @@ class Reconciler(OrderedStop):
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
+        self._passes: dict[tuple, int] = {}
+        self._passed = threading.Condition()
 
     # ---- entry points --------------------------------------------------------------------
 
@@ -86,17 +88,28 @@ class Reconciler(OrderedStop):
             if fresh is None or (meta.get("uid") and fresh["metadata"].get("uid") != meta["uid"]):
                 return Outcome()
             self._last_pass[(meta["namespace"], meta["name"])] = time.monotonic()
-            return self._pass(fresh)
+            try:
+                return self._pass(fresh)
+            finally:
+                with self._passed:
+                    key = (meta["namespace"], meta["name"])
+                    self._passes[key] = self._passes.get(key, 0) + 1
+                    self._passed.notify_all()
+
+    def passes(self, namespace: str, name: str) -> int:
+        """How many passes of this resource have finished (in this process)."""
+        with self._passed:
+            return self._passes.get((namespace, name), 0)
+
+    def wait_for_pass(self, namespace: str, name: str, after: int, timeout: float) -> bool:
+        """Block until more than `after` passes of the resource finished, or `timeout`."""
+        with self._passed:
+            return self._passed.wait_for(lambda: self._passes.get((namespace, name), 0) > after,
+                                         timeout=max(timeout, 0.0))
 
     def seconds_since_pass(self, namespace: str, name: str) -> float:
         last = self._last_pass.get((namespace, name))
         return float("inf") if last is None else time.monotonic() - last
-
-    @staticmethod
-    def waiting_on_time(status: dict) -> bool:
-        """A group waits for a clock (backoff deadline) or for a drain to progress."""
-        return any(g.get("phase") in ("BackingOff", "Draining", "Updating")
-                   for g in status.get("groups") or [])
 
     def pdb_api_version(self) -> str | None:
         """policy/v1 where served (1.21+), else policy/v1beta1 (1.20), else no PDB."""
@@ -135,7 +148,7 @@ class Reconciler(OrderedStop):
         memory = {int(g["index"]): dict(g) for g in old_status.get("groups") or []}
 
         if not problems and not deleting:
-            self._apply_singletons(body)
+            self._apply_singletons(body, st.serving)
 
         # A stopped group whose rank 0 drained and is gone has no pods left but still gets its
         # pass: that is when its drain is reported finished (single-rank groups; found on a
@@ -168,17 +181,25 @@ class Reconciler(OrderedStop):
         if not problems and not deleting:
             self._apply(body, render.discovery_configmap(body, ready_groups))
 
+        frontends = [] if deleting else self.kube.list(
+            "v1", "pods", ns, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_FRONTEND}")
+        frontends_ready = sum(1 for p in frontends if pod_ready(p))
+        left = sum(len(v) for v in by_group.values())
         phase, conditions = summarize(
             replicas=replicas, groups=groups, problems=problems, deleting=deleting,
             last_failure=st.last_failure, generation=meta.get("generation", 0), now=iso(now),
-            previous=old_status.get("conditions") or [])
+            previous=old_status.get("conditions") or [], frontends_ready=frontends_ready,
+            frontends_desired=render.frontend_replicas(spec), serving=ready_groups, pods_left=left)
+        # The `ready` column counts groups a client of the Service reaches: none while no
+        # frontend is Ready.
+        served = len(ready_groups) if frontends_ready else 0
         status = {
             "observedGeneration": meta.get("generation", 0),
             "phase": phase,
             "replicas": sum(1 for g in groups if g["index"] < replicas),
             "readyReplicas": len(ready_groups),
             "updatedReplicas": sum(1 for g in groups if g.get("revision") == rev and g["index"] < replicas),
-            "ready": f"{len(ready_groups)}/{replicas}",
+            "ready": f"{served}/{replicas}",
             "selector": render.selector_string(name),
             "endpoint": L.endpoint_url(name, ns),
             "restartCount": st.restart_count,
@@ -194,15 +215,17 @@ class Reconciler(OrderedStop):
             if old_status.get("lastFailure") and st.last_failure:  # merge-patch: clear stale keys
                 patch["lastFailure"] = {k: None for k in old_status["lastFailure"]} | st.last_failure
             self.kube.patch(L.API_VERSION, L.PLURAL, ns, name, {"status": patch}, sub="status")
-        left = sum(len(v) for v in by_group.values())
         return Outcome(pods_left=left, requeue_after=st.requeue_after, status=status)
 
     # ---- singletons ----------------------------------------------------------------------
 
-    def _apply_singletons(self, body: dict) -> None:
+    def _apply_singletons(self, body: dict, serving: set[int]) -> None:
+        """In dependency order: what the frontend pods mount and read (ServiceAccount, Role,
+        the discovery ConfigMap) exists before the Deployment that creates them."""
         objs = [render.frontend_service_account(body), render.frontend_role(body),
-                render.frontend_role_binding(body), render.frontend_deployment(body),
-                render.frontend_service(body), render.ranks_service(body)]
+                render.frontend_role_binding(body), render.discovery_configmap(body, sorted(serving)),
+                render.ranks_service(body), render.frontend_deployment(body),
+                render.frontend_service(body)]
         pdb = self.pdb_api_version()
         if pdb:
             objs.append(render.pod_disruption_budget(body, pdb))

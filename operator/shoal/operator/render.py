@@ -93,6 +93,10 @@ def frontend_args(spec: dict) -> list[str]:
             "--engine-discovery-file", f"{L.DISCOVERY_MOUNT}/{L.DISCOVERY_FILE}"]
 
 
+def frontend_replicas(spec: dict) -> int:
+    return int((spec.get("frontend") or {}).get("replicas", 1))
+
+
 def frontend_deployment(body: dict) -> dict:
     name, spec = body["metadata"]["name"], spec_of(body)
     fe = spec.get("frontend") or {}
@@ -126,7 +130,7 @@ def frontend_deployment(body: dict) -> dict:
         "kind": "Deployment",
         "metadata": _meta(body, L.frontend_name(name), L.COMPONENT_FRONTEND),
         "spec": {
-            "replicas": int(fe.get("replicas", 1)),
+            "replicas": frontend_replicas(spec),
             "selector": {"matchLabels": pod_labels},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {

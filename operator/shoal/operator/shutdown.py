@@ -5,9 +5,18 @@ before rank 0 is asked to stop admitting."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from shoal.operator import events, render
-from shoal.operator.failures import is_stopping, root_cause
+from shoal.operator.failures import is_stopping, root_cause, terminated_state
 from shoal.operator.observed import PassState, iso, parse_time
+
+
+def rank0_finished(pod: dict) -> bool:
+    """Rank 0 was asked to stop and its engine container has terminated: the drain is over
+    even though the kubelet may keep the pod object for a while (found on a real cluster:
+    the engine exited at +6.6 s, the pod object went at +35 s)."""
+    return is_stopping(pod) and terminated_state(pod) is not None
 
 
 class OrderedStop:
@@ -31,7 +40,7 @@ class OrderedStop:
             self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
             mem["message"] = f"aborting ({reason})"
             return mem
-        if rank0 is not None:
+        if rank0 is not None and not rank0_finished(rank0):
             if not is_stopping(rank0):
                 self._withdraw(st, g)  # frontends stop sending before rank 0 stops admitting
                 self.kube.delete("v1", "pods", rank0["metadata"]["namespace"], rank0["metadata"]["name"],
@@ -40,16 +49,21 @@ class OrderedStop:
                 events.emit(self.kube, st.body, events.NORMAL, "DrainStarted",
                             f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
                             f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes")
+            # No elapsed seconds here: the status changes when the drain starts and ends, not
+            # every pass. Rank 0's container ending is a pod event; the deadline is a wake-up.
             started = parse_time(mem.get("drainStartTime")) or st.now
-            mem["message"] = (f"rank 0 draining ({reason}), {int((st.now - started).total_seconds())}s "
-                              f"of {timeout}s")
-            st.requeue(2.0)
+            mem["message"] = f"rank 0 draining ({reason}) for up to {timeout}s since {iso(started)}"
+            deadline = started + dt.timedelta(seconds=timeout + render.SHUTDOWN_MARGIN_SECONDS)
+            st.requeue(max((deadline - st.now).total_seconds(), 2.0))
             return mem
-        # Rank 0 is gone: its headless ranks have nothing left to serve.
+        # Rank 0's engine has ended (its container terminated, or its pod is gone): the drain is
+        # over, and its headless ranks have nothing left to serve.
         if mem.get("drainStartTime"):
             self._drain_done(st, g, mem)
-        self._teardown(st, {r: p for r, p in pods.items() if not is_stopping(p)}, grace=None)
-        mem["message"] = f"stopping headless ranks ({reason})"
+        self._teardown(st, {r: p for r, p in pods.items() if r != 0 and not is_stopping(p)}, grace=None)
+        left = len(pods)
+        mem["message"] = (f"rank 0 finished ({reason}); waiting for {left} pod"
+                          f"{'s' if left != 1 else ''} to go")
         return mem
 
     def _withdraw(self, st: PassState, g: int) -> None:

@@ -20,22 +20,50 @@ def camel(cause: str) -> str:
 
 
 def summarize(*, replicas: int, groups: list[dict], problems: list[str], deleting: bool,
-              last_failure: dict | None, generation: int, now: str, previous: list[dict]) -> tuple[str, list[dict]]:
-    """(phase, conditions) from the desired group count and each group's phase."""
+              last_failure: dict | None, generation: int, now: str, previous: list[dict],
+              frontends_ready: int = 0, frontends_desired: int = 0, serving: list[int] = (),
+              pods_left: int = 0) -> tuple[str, list[dict]]:
+    """(phase, conditions) from the desired group count, each group's phase and the frontends.
+
+    Ready means served: every desired group is Ready *and* at least one frontend pod is Ready
+    (a frontend is Ready only while it reaches a group of its discovery list), so a client of
+    the Service gets answers. `Serving` says how many frontends are Ready and which groups
+    the discovery list gives them."""
     desired = [g for g in groups if g["index"] < replicas]
     ready = sum(1 for g in desired if g["phase"] == "Ready")
     failed = [g for g in desired if g["phase"] == "Failed"]
     backing = [g for g in desired if g["phase"] == "BackingOff"]
     moving = [g for g in groups if g["phase"] in ("Pending", "Starting", "Updating", "Draining")]
+    served = bool(frontends_ready and serving)
 
     conds = [condition("SpecValid", not problems, "Invalid" if problems else "Valid",
                        "; ".join(problems) or "spec accepted", generation, now, previous)]
-    if ready == replicas:
-        conds.append(condition("Ready", True, "AllGroupsReady", f"{ready}/{replicas} engine groups ready",
+    groups_msg = f"{ready}/{replicas} engine groups ready"
+    fe_msg = (f"{frontends_ready}/{frontends_desired} frontends ready; discovery lists "
+              + (f"groups {', '.join(map(str, serving))}" if serving else "no group"))
+    if deleting:
+        conds.append(condition("Ready", False, "Terminating",
+                               f"deleting: {len(groups)} groups stopping, {pods_left} engine pods left",
+                               generation, now, previous))
+    elif replicas and ready == replicas and served:
+        conds.append(condition("Ready", True, "AllGroupsReady", f"{groups_msg}; {fe_msg}",
+                               generation, now, previous))
+    elif replicas and ready == replicas:
+        conds.append(condition("Ready", False, "FrontendsNotReady", f"{groups_msg}; {fe_msg}",
+                               generation, now, previous))
+    elif not replicas:
+        conds.append(condition("Ready", False, "ScaledToZero", "replicas is 0: no engine group",
                                generation, now, previous))
     else:
-        conds.append(condition("Ready", False, "GroupsNotReady", f"{ready}/{replicas} engine groups ready",
+        conds.append(condition("Ready", False, "GroupsNotReady", f"{groups_msg}; {fe_msg}",
                                generation, now, previous))
+    if deleting:
+        conds.append(condition("Serving", False, "Terminating", "the resource is being deleted",
+                               generation, now, previous))
+    else:
+        conds.append(condition("Serving", served, "FrontendsServing" if served else
+                               ("NoGroupInDiscovery" if frontends_ready else "NoFrontendReady"),
+                               fe_msg, generation, now, previous))
     conds.append(condition("Progressing", bool(moving), "GroupsChanging" if moving else "Stable",
                            ", ".join(f"group {g['index']} {g['phase']}" for g in moving) or "no change in progress",
                            generation, now, previous))
@@ -60,7 +88,7 @@ def summarize(*, replicas: int, groups: list[dict], problems: list[str], deletin
         phase = "Failed"
     elif bad:
         phase = "Degraded"
-    elif ready == replicas:
+    elif replicas and ready == replicas and served:
         phase = "Ready"
     elif not groups:
         phase = "Pending"
