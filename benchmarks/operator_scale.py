@@ -11,7 +11,14 @@ process, creates the engines and reports:
 - time until every engine reports phase Ready once the script, playing the kubelet, has marked
   every pod running and ready;
 - the operator's API writes per resource (counted by the operator itself), CPU seconds and
-  peak resident memory.
+  peak resident memory;
+- writes to the InferenceEngines themselves per lifecycle stage (create -> Ready, delete), seen
+  by a watch: status patches, and metadata patches (kopf's progress annotations, finalizer);
+  the operator cannot count kopf's own writes.
+
+Engine pods are bound to a node, so their deletion is graceful as on a real one; the script's
+kubelet lets rank 0 "drain" for --drain-seconds, reports its container terminated, then removes
+the pod a second later (the pod object outlives the engine, as on a real node).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "operator"))
 
-from op_kubelet import set_ready  # noqa: E402
+from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate  # noqa: E402
 from shoal.operator import crd  # noqa: E402
 from shoal.operator import labels as L  # noqa: E402
 from shoal.operator.kube import Kube  # noqa: E402
@@ -109,13 +116,82 @@ def _live(port: int) -> bool:
         return False
 
 
+class EngineWrites(threading.Thread):
+    """Watches the InferenceEngines and counts, per stage, the events that changed `status` and
+    those that changed `metadata` (annotations, finalizers)."""
+
+    def __init__(self, kubeconfig: str, ns: str):
+        super().__init__(daemon=True)
+        self.kubeconfig, self.ns = kubeconfig, ns
+        self.stage = "create"
+        self.counts: dict[tuple[str, str], int] = {}
+        self.ready = threading.Event()
+
+    def run(self):
+        from kubernetes import client, config, watch
+
+        api = client.CustomObjectsApi(config.new_client_from_config(config_file=self.kubeconfig))
+        last: dict[str, dict] = {}
+        self.ready.set()
+        try:
+            self._follow(api, watch, last)
+        except Exception:  # noqa: BLE001 - the control plane stops under the watch at the end
+            pass
+
+    def _follow(self, api, watch, last: dict) -> None:
+        for ev in watch.Watch().stream(api.list_namespaced_custom_object, L.GROUP, L.VERSION, self.ns,
+                                       L.PLURAL, timeout_seconds=3600):
+            obj, name = ev["object"], ev["object"]["metadata"]["name"]
+            prev = last.get(name)
+            last[name] = obj
+            if ev["type"] != "MODIFIED" or prev is None:
+                continue
+            pm, m = prev["metadata"], obj["metadata"]
+            if prev.get("status") != obj.get("status"):
+                self._add("status")
+            if (pm.get("annotations"), pm.get("finalizers")) != (m.get("annotations"), m.get("finalizers")):
+                self._add("metadata")
+
+    def _add(self, what: str) -> None:
+        key = (self.stage, what)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class Kubelet(threading.Thread):
+    """Ends deleted engine pods as a node would: rank 0 after its drain, its container first."""
+
+    def __init__(self, kube: Kube, ns: str, drain_s: float):
+        super().__init__(daemon=True)
+        self.kube, self.ns, self.drain_s = kube, ns, drain_s
+        self.stop = threading.Event()
+
+    def run(self):
+        seen: dict[str, float] = {}
+        ended: dict[str, float] = {}
+        sel = f"{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
+        while not self.stop.wait(0.25):
+            now = time.monotonic()
+            for p in self.kube.list("v1", "pods", self.ns, sel):
+                name = p["metadata"]["name"]
+                if not p["metadata"].get("deletionTimestamp"):
+                    continue
+                start = seen.setdefault(name, now)
+                rank0 = p["metadata"]["labels"].get(L.LABEL_RANK) == "0"
+                if name not in ended and now - start >= (self.drain_s if rank0 else 0.0):
+                    terminate(self.kube, self.ns, name, exit_code=0)
+                    ended[name] = now
+                elif name in ended and now - ended[name] >= 1.0:
+                    finish_deletion(self.kube, self.ns, name)
+
+
 def _engine(ns: str, i: int, groups: int, ranks: int) -> dict:
     return {"apiVersion": L.API_VERSION, "kind": L.KIND, "metadata": {"name": f"e{i:04d}", "namespace": ns},
             "spec": {"model": "/models/tiny", "replicas": groups, "nodesPerGroup": ranks,
                      "tensorParallelSize": ranks}}
 
 
-def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers: int) -> dict:
+def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers: int,
+        drain_s: float) -> dict:
     from kubernetes import config
 
     kube = Kube(config.new_client_from_config(config_file=kubeconfig))
@@ -132,6 +208,10 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
                           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     sampler = Sampler(op.pid)
     sampler.start()
+    watcher = EngineWrites(kubeconfig, ns)
+    watcher.start()
+    watcher.ready.wait(30)
+    kubelet = Kubelet(kube, ns, drain_s)
     try:
         _until(lambda: _live(port), 60, "the operator's liveness endpoint")  # start-up is not measured
         cpu0 = sampler.cpu_seconds()
@@ -154,8 +234,16 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
 
         t1 = time.monotonic()
         names = [p["metadata"]["name"] for p in kube.list("v1", "pods", ns, engine_pods)]
+
+        def start_pod(name):
+            bind(kube, ns, name, node="bench-node")  # deletion is graceful, as on a real node
+            set_ready(kube, ns, name)
+
         with cf.ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda name: set_ready(kube, ns, name), names))
+            list(pool.map(start_pod, names))
+            _until(lambda: len(kube.list("v1", "pods", ns, f"{L.LABEL_COMPONENT}={L.COMPONENT_FRONTEND}")) >= n,
+                   600, "every frontend pod", interval=0.5)
+            list(pool.map(lambda i: ready_frontends(kube, ns, f"e{i:04d}"), range(n)))
         t_kubelet = time.monotonic() - t1
 
         def all_ready():
@@ -167,6 +255,9 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
 
         # Delete every engine: the operator stops each group in rank order and then removes its
         # finalizer (pods are unscheduled here, so each stop completes at once).
+        time.sleep(2)  # let the last Ready writes land in the create stage
+        watcher.stage = "delete"
+        kubelet.start()
         t2 = time.monotonic()
         with cf.ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda i: kube.delete(L.API_VERSION, L.PLURAL, ns, f"e{i:04d}"), range(n)))
@@ -174,6 +265,7 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         t_deleted = time.monotonic() - t2
         cpu = sampler.cpu_seconds() - cpu0
         sampler.stop.set()
+        kubelet.stop.set()
     finally:
         op.terminate()
         try:
@@ -185,7 +277,8 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
     kube.request("DELETE", f"/api/v1/namespaces/{ns}")
     return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
             "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
-            "delete_s": t_deleted,
+            "delete_s": t_deleted, "drain_s": drain_s,
+            "engine_writes": {f"{stage} {what}": c for (stage, what), c in sorted(watcher.counts.items())},
             "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes}
 
 
@@ -197,13 +290,16 @@ def table(r: dict) -> str:
         ("all children created", f"{r['children_s']:.1f} s after the first POST"),
         ("kubelet: all pods marked ready", f"{r['kubelet_s']:.1f} s"),
         ("all engines Ready", f"{r['ready_s']:.1f} s after the first pod status patch"),
-        ("all engines deleted (finalizers done)", f"{r['delete_s']:.1f} s after the first DELETE"),
+        ("all engines deleted (finalizers done)", f"{r['delete_s']:.1f} s after the first DELETE "
+                                                  f"(rank 0 drains {r['drain_s']:g} s)"),
         ("operator CPU (create..delete)", f"{r['cpu_s']:.1f} s"),
         ("operator peak RSS", f"{r['peak_rss_mib']:.0f} MiB"),
     ]
     total = sum(r["writes"].values())
     rows += [(f"writes: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(r["writes"].items())]
     rows.append(("writes: total", f"{total} ({total / r['engines']:.1f}/engine)"))
+    rows += [(f"InferenceEngine {k} writes", f"{v} ({v / r['engines']:.2f}/engine)")
+             for k, v in r["engine_writes"].items()]
     w = max(len(a) for a, _ in rows)
     return "\n".join([f"| {'metric':<{w}} | value |", f"|{'-' * (w + 2)}|-------|"]
                      + [f"| {a:<{w}} | {b} |" for a, b in rows])
@@ -216,18 +312,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--resync", type=float, default=10.0, help="operator timer interval (SHOAL_RESYNC_SECONDS)")
     ap.add_argument("--workers", type=int, default=8, help="client threads for creates and status patches")
+    ap.add_argument("--drain-seconds", type=float, default=5.0, help="how long rank 0 drains on delete")
     ap.add_argument("--kubeconfig", help="use this running control plane instead of starting one")
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON too")
     args = ap.parse_args(argv)
     if args.kubeconfig:
-        result = run(args.kubeconfig, args.engines, args.groups, args.ranks, args.resync, args.workers)
+        result = run(args.kubeconfig, args.engines, args.groups, args.ranks, args.resync, args.workers,
+                     args.drain_seconds)
     else:
         cpmod = _control_plane_module()
         with tempfile.TemporaryDirectory(prefix="shoal-bench-") as root:
             cp = cpmod.ControlPlane(Path(root))
             cp.start(timeout=180)
             try:
-                result = run(str(cp.kubeconfig), args.engines, args.groups, args.ranks, args.resync, args.workers)
+                result = run(str(cp.kubeconfig), args.engines, args.groups, args.ranks, args.resync,
+                             args.workers, args.drain_seconds)
             finally:
                 cp.stop()
     print(table(result))
