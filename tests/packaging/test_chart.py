@@ -34,12 +34,17 @@ def _args(values) -> list[str]:
     return ["-f", str(values)] if values else []
 
 
-def by_kind(objs: list[dict], kind: str) -> list[dict]:
-    return [o for o in objs if o["kind"] == kind]
+def component(obj: dict) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
 
 
-def the(objs: list[dict], kind: str) -> dict:
-    found = by_kind(objs, kind)
+def by_kind(objs: list[dict], kind: str, part: str = "operator") -> list[dict]:
+    """Objects of `kind` of the operator (default) or of the gateway (test_gateway_chart.py)."""
+    return [o for o in objs if o["kind"] == kind and (component(o) == "gateway") == (part == "gateway")]
+
+
+def the(objs: list[dict], kind: str, part: str = "operator") -> dict:
+    found = by_kind(objs, kind, part)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
 

@@ -47,8 +47,10 @@ class Cli:
         return json.loads(proc.stdout)
 
     def of_release(self, kind: str, release: str, *args) -> dict:
-        """The one object of `kind` that the release made (selected by its instance label)."""
-        found = self.get_json(kind, "-l", f"app.kubernetes.io/instance={release}", *args)["items"]
+        """The one operator object of `kind` that the release made (selected by its instance and
+        component labels; the gateway's are component=gateway)."""
+        found = self.get_json(kind, "-l", f"app.kubernetes.io/instance={release},"
+                              "app.kubernetes.io/component=operator", *args)["items"]
         assert len(found) == 1, f"expected one {kind} of release {release}, found {len(found)}"
         return found[0]
 

@@ -50,3 +50,39 @@ app.kubernetes.io/part-of: shoal
 {{- define "shoal.namespaced" -}}
 {{- if .Values.watchNamespaces }}true{{ end -}}
 {{- end -}}
+
+{{- define "shoal.gatewayName" -}}
+{{- printf "%s-gateway" (include "shoal.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "shoal.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "shoal.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{- define "shoal.gatewayLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "shoal.gatewaySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: shoal
+{{- end -}}
+
+{{- define "shoal.gatewayImage" -}}
+{{- $tag := default .Chart.AppVersion .Values.gateway.image.tag -}}
+{{- if .Values.gateway.image.digest -}}
+{{- printf "%s@%s" .Values.gateway.image.repository .Values.gateway.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.gateway.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespaces whose InferenceEngines the gateway serves: gateway.namespaces, else the release's. */}}
+{{- define "shoal.gatewayNamespaces" -}}
+{{- if .Values.gateway.namespaces -}}
+{{- toJson .Values.gateway.namespaces -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
