@@ -21,8 +21,8 @@ from serve_helpers import (  # noqa: E402
     wait_for,
 )
 
-__all__ = ["API_KEY", "MODEL_NAME", "RouterProcess", "ServeProcess", "wait_for",
-           "write_discovery"]
+__all__ = ["API_KEY", "MODEL_NAME", "GatewayProcess", "RouterProcess", "ServeProcess", "wait_for",
+           "local_discovery", "write_atomically", "write_discovery"]
 
 
 def write_discovery(path: Path, engines: dict[int, ServeProcess], model: str = MODEL_NAME):
@@ -82,3 +82,40 @@ def kill_group(engine: ServeProcess) -> None:
     """SIGKILL the whole `shoal serve` process group (API server and EngineCore)."""
     os.killpg(engine.proc.pid, signal.SIGKILL)
     engine.proc.wait(10)
+
+
+class GatewayProcess(ServerProcess):
+    """`python -m shoal.engine.router.gateway` over a discovery directory and/or the API."""
+
+    def __init__(self, tmp: Path, *flags: str, api_key: str | None = API_KEY,
+                 env: dict | None = None) -> None:
+        self.port = free_port()
+        args = [sys.executable, "-m", "shoal.engine.router.gateway", "--host", "127.0.0.1",
+                "--port", str(self.port), *flags]
+        if api_key:
+            args += ["--api-key", api_key]
+        # Fast polling keeps the tests short; production defaults are 1 s / 2 s / 5 s.
+        full = {**os.environ, "SHOAL_ROUTER_POLL_S": "0.1", "SHOAL_ROUTER_PROBE_S": "0.3",
+                "SHOAL_ROUTER_COOLDOWN_S": "1", **(env or {})}
+        super().__init__(args, tmp / f"gateway-{self.port}.log", full, api_key)
+
+    def wait_listening(self, timeout: float = 30.0) -> GatewayProcess:
+        return self.wait_answering("/version", "the gateway to listen", timeout)
+
+    metrics = RouterProcess.metrics
+    per_group = RouterProcess.per_group
+
+
+def local_discovery(rendered: str, engines: dict[int, ServeProcess]) -> str:
+    """`render`'s engines.json with each group's rank-0 address resolved to the local engine
+    that plays it: the test's stand-in for cluster DNS. Everything else is render's own."""
+    data = json.loads(rendered)
+    for g in data["groups"]:
+        g["url"] = engines[g["group"]].url
+    return json.dumps(data, sort_keys=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -80,7 +80,7 @@ def test_picker_prefers_fewest_outstanding_and_round_robins_ties():
     picker.acquire(G2)
     picker.acquire(G2)
     assert {picker.pick().id for _ in range(4)} == {0, 1}
-    assert picker.pick(exclude={0, 1}).id == 2
+    assert picker.pick(exclude={G0.key, G1.key}).id == 2
 
 
 def test_picker_cooldown_skips_a_failed_group_until_it_expires():
@@ -104,7 +104,7 @@ def test_picker_follows_the_file():
     picker.set_groups([G0, G1])
     picker.acquire(G1)
     picker.set_groups([G1, G2])
-    assert sorted(picker.states) == [1, 2] and picker.pick().id == 2
+    assert sorted(picker.states) == [G1.key, G2.key] and picker.pick().id == 2
     picker.release(G1)
     picker.set_groups([])
     assert picker.pick() is None and "lists no engine groups" in picker.why_none()

@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine import __version__
 from shoal.engine.router import k8s_discovery
+from shoal.engine.router.affinity import make_affinity, request_keys
 from shoal.engine.router.discovery import Discovery, DiscoveryWatcher
 from shoal.engine.router.errors import error_response, no_group_message
 from shoal.engine.router.health import HealthProber
@@ -31,12 +32,14 @@ PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"
 class Router:
     def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
                  default_model: str, api_key: str | None, cooldown: float,
-                 poll_interval: float, probe_interval: float) -> None:
+                 poll_interval: float, probe_interval: float,
+                 routing: str = "least-outstanding", imbalance: int = 4) -> None:
         self.served_model_names = served_model_names
         self.default_model = default_model
         self.api_key = api_key
         self.metrics = RouterMetrics()
-        self.picker = GroupPicker(cooldown=cooldown)
+        self.affinity = make_affinity(routing, imbalance)
+        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity)
         self.watcher = DiscoveryWatcher(discovery_file, self._on_discovery, poll_interval)
         self.client = httpx.AsyncClient(
             timeout=UPSTREAM_TIMEOUT,
@@ -82,17 +85,17 @@ class Router:
             await self.client.aclose()
 
 
-class _Unauthorized(Exception):
+class Unauthorized(Exception):
     pass
 
 
-def build_app(router: Router) -> FastAPI:
-    app = FastAPI(title="shoal router", version=__version__, docs_url=None, redoc_url=None,
-                  lifespan=router.lifespan)
-    app.state.router = router
+def common_app(title: str, lifespan, api_key: str | None) -> tuple[FastAPI, object]:
+    """A FastAPI app with the routers' error handlers, and its API key check."""
+    app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
 
-    @app.exception_handler(_Unauthorized)
-    async def _on_unauthorized(request: Request, exc: _Unauthorized):
+    @app.exception_handler(Unauthorized)
+    async def _on_unauthorized(request: Request, exc: Unauthorized):
         return error_response(401, "invalid or missing API key: send 'Authorization: Bearer "
                                    "<key>' with the key given to --api-key",
                               "AuthenticationError")
@@ -103,14 +106,27 @@ def build_app(router: Router) -> FastAPI:
         return error_response(exc.status_code, str(exc.detail), kind)
 
     def check_key(request: Request) -> None:
-        if router.api_key and request.headers.get("authorization") != f"Bearer {router.api_key}":
-            raise _Unauthorized()
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise Unauthorized()
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    return app, check_key
+
+
+def build_app(router: Router) -> FastAPI:
+    app, check_key = common_app("shoal router", router.lifespan, router.api_key)
+    app.state.router = router
 
     def proxied(path: str, protected: bool):
         async def handler(request: Request) -> Response:
             if protected:
                 check_key(request)
-            return await router.proxy.forward(request, path)
+            body = await request.body()
+            return await router.proxy.forward(request, path, body,
+                                              prefix=request_keys(router.affinity, body))
 
         handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
         return handler
@@ -132,10 +148,6 @@ def build_app(router: Router) -> FastAPI:
         if router.picker.usable():
             return Response(status_code=200)
         return error_response(503, router.unready_reason(), "ServiceUnavailableError")
-
-    @app.get("/version")
-    async def version():
-        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics():

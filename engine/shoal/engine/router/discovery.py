@@ -23,10 +23,30 @@ POLL_INTERVAL_S = 1.0
 
 @dataclass(frozen=True, order=True)
 class Group:
-    """One engine group as the file names it: its index and its rank 0's base URL."""
+    """One engine group as the file names it: its index and its rank 0's base URL. `engine`
+    says which InferenceEngine ("NAMESPACE/NAME") it belongs to when one router serves several
+    (the gateway); a per-engine frontend leaves it empty."""
 
     id: int
     url: str
+    engine: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.engine, self.id)
+
+    @property
+    def name(self) -> str:
+        """How logs and error messages name it: "group 1" or "engine prod/llm group 1"."""
+        return f"engine {self.engine} group {self.id}" if self.engine else f"group {self.id}"
+
+    @property
+    def label(self) -> str:
+        """The `group` label of the router's metrics: "1" or "prod/llm/1"."""
+        return f"{self.engine}/{self.id}" if self.engine else str(self.id)
+
+    def with_engine(self, engine: str) -> Group:
+        return Group(self.id, self.url, engine)
 
 
 @dataclass(frozen=True)

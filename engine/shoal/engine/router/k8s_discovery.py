@@ -33,16 +33,33 @@ RETRY_S = 1.0
 WATCH_TIMEOUT_S = 300
 
 
-def from_environment(watcher: DiscoveryWatcher) -> ConfigMapSource | None:
-    """The API source when running in a pod that the operator set up for it; else None."""
-    name, ns = os.environ.get(CONFIGMAP_ENV), os.environ.get(NAMESPACE_ENV)
+def in_cluster_server() -> str | None:
+    """The API server's URL inside a pod with a ServiceAccount token; else None."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get(
         "KUBERNETES_SERVICE_PORT", "443")
-    if not (name and ns and host and (SA_DIR / "token").is_file()):
+    if not (host and (SA_DIR / "token").is_file()):
         return None
     if ":" in host:
         host = f"[{host}]"
-    return ConfigMapSource(f"https://{host}:{port}", ns, name, watcher,
+    return f"https://{host}:{port}"
+
+
+def api_client(server: str, token_file: Path, ca_file: Path) -> httpx.AsyncClient:
+    """A client of the API server; the token is read now (projected tokens rotate)."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    token = token_file.read_text().strip()
+    return httpx.AsyncClient(base_url=server, verify=ctx,
+                             headers={"Authorization": f"Bearer {token}"},
+                             timeout=httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30))
+
+
+def from_environment(watcher: DiscoveryWatcher) -> ConfigMapSource | None:
+    """The API source when running in a pod that the operator set up for it; else None."""
+    name, ns = os.environ.get(CONFIGMAP_ENV), os.environ.get(NAMESPACE_ENV)
+    server = in_cluster_server()
+    if not (name and ns and server):
+        return None
+    return ConfigMapSource(server, ns, name, watcher,
                            token_file=SA_DIR / "token", ca_file=SA_DIR / "ca.crt")
 
 
@@ -59,11 +76,7 @@ class ConfigMapSource:
         self.problem: str | None = None
 
     def _client(self) -> httpx.AsyncClient:
-        ctx = ssl.create_default_context(cafile=str(self.ca_file))
-        token = self.token_file.read_text().strip()  # re-read: projected tokens rotate
-        return httpx.AsyncClient(base_url=self.server, verify=ctx,
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 timeout=httpx.Timeout(10.0, read=WATCH_TIMEOUT_S + 30))
+        return api_client(self.server, self.token_file, self.ca_file)
 
     def _feed(self, obj: dict) -> None:
         text = (obj.get("data") or {}).get(KEY)

@@ -1,19 +1,28 @@
 """One client request forwarded to one engine group.
 
-Retry rule: a request moves to another group only while the chosen group has sent no response
-bytes (it refused the connection, dropped it before answering, or answered 503). After that the
-router is committed: a stream is passed through chunk by chunk as it arrives, and a failure
-mid-way becomes a 502 naming the group (an in-band SSE error event once a stream's 200 headers
-are out). 4xx answers (the group validates prompts and model names) pass through unchanged.
-A client that goes away closes the upstream connection, so the group aborts the request.
+Retry rules: a request moves to another group while the chosen group has sent no response
+bytes (it refused the connection, dropped it before answering, or answered 503), each group at
+most once. It is also retried once, on another group, when the group failed before producing
+any output for it (engine death): a 5xx answer other than 503, a connection that broke before
+the whole non-streamed answer arrived, or a stream whose first event is a 5xx error event or
+that broke before its first token. To tell, the start of a stream is held back until its first
+event with output (text, a delta, a finish reason or usage): the chat role chunk waits for the
+first token, which adds no time to the first token. Once output went to the client the router
+is committed: the stream is passed through chunk by chunk, and a failure mid-way becomes an
+in-band SSE error event (502) naming the engine and group. Without another usable group the
+engine's own answer is passed on (a broken one becomes a 502). 4xx answers (the group validates
+prompts and model names) pass through unchanged. A client that goes away closes the upstream
+connection, so the group aborts the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -41,8 +50,6 @@ def describe(exc: BaseException) -> str:
 
 def _upstream_message(body: bytes) -> str:
     """The `error.message` of a group's OpenAI error JSON, else the start of its body."""
-    import json
-
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         return str(json.loads(body)["error"]["message"])
     return body[:200].decode(errors="replace") or "(empty body)"
@@ -77,6 +84,62 @@ async def _unless_disconnected(request: Request, coro):
     raise _Disconnected
 
 
+def who(group: Group) -> str:
+    """How errors name a group: "engine group 1" (per-engine) or "engine prod/llm group 1"."""
+    return group.name if group.engine else f"engine {group.name}"
+
+
+def _event_data(event: bytes) -> bytes:
+    return b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+
+
+def _event_kind(event: bytes) -> tuple[str, int]:
+    """('output' | 'preamble' | 'error', error code) of one SSE event. Output: `[DONE]`, any
+    text, delta content, tool call, finish reason or usage; preamble: e.g. the chat role
+    chunk; error: an OpenAI error event."""
+    data = _event_data(event)
+    if not data or data == b"[DONE]":
+        return ("output", 0) if data else ("preamble", 0)
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return "output", 0
+    if not isinstance(obj, dict):
+        return "output", 0
+    if "error" in obj:
+        err = obj["error"] if isinstance(obj["error"], dict) else {}
+        code = err.get("code")
+        return "error", code if isinstance(code, int) else 500
+    if obj.get("usage"):
+        return "output", 0
+    for choice in obj.get("choices") or []:
+        if not isinstance(choice, dict):
+            return "output", 0
+        delta = choice.get("delta") or {}
+        if (choice.get("text") or choice.get("finish_reason") or delta.get("content")
+                or delta.get("tool_calls") or delta.get("reasoning_content")):
+            return "output", 0
+    return "preamble", 0
+
+
+class _NoOutput(Exception):
+    """The group failed before any output: `cause` (metrics) and `detail` (messages)."""
+
+    def __init__(self, cause: str, detail: str, held: bytes = b"") -> None:
+        super().__init__(detail)
+        self.cause, self.detail, self.held = cause, detail, held
+
+
+@dataclass
+class _Attempt:
+    """One request's tries: which groups, why they failed, and whether the one retry after an
+    engine failure was used."""
+
+    tried: set = field(default_factory=set)
+    failures: list = field(default_factory=list)
+    died: bool = False
+
+
 class Proxy:
     def __init__(self, picker: GroupPicker, metrics: RouterMetrics,
                  client: httpx.AsyncClient) -> None:
@@ -84,21 +147,24 @@ class Proxy:
         self.metrics = metrics
         self.client = client
 
-    async def forward(self, request: Request, path: str) -> Response:
-        body = await request.body()
+    async def forward(self, request: Request, path: str, body: bytes | None = None,
+                      only: set | None = None, prefix: list[int] | None = None) -> Response:
+        """Send the request to a group (of `only`, if given; by `prefix` keys under
+        prefix-affinity routing) and answer with what it answers."""
+        if body is None:
+            body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k in FORWARD_REQUEST_HEADERS}
-        failures: list[str] = []
-        tried: set[int] = set()
+        run = _Attempt()
         while True:
-            group = self.picker.pick(exclude=tried)
+            group = self.picker.pick(exclude=run.tried, only=only, prefix=prefix)
             if group is None:
                 self.metrics.no_group.inc()
-                others = self.picker.why_none(exclude=tried)
-                why = "; ".join(x for x in (*failures, others) if x)
+                others = self.picker.why_none(exclude=run.tried, only=only)
+                why = "; ".join(x for x in (*run.failures, others) if x)
                 return error_response(503, no_group_message(why), "ServiceUnavailableError")
-            if tried:
+            if run.tried:
                 self.metrics.retries.inc()
-            tried.add(group.id)
+            run.tried.add(group.key)
             self._start(group)
             try:
                 # A non-streamed answer sends its headers only when it is complete: watch the
@@ -108,81 +174,156 @@ class Proxy:
                                               headers=headers), stream=True))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self._failed(group, path, "connect", f"could not connect: {describe(exc)}",
-                             failures)
+                             run.failures)
                 continue
             except httpx.TransportError as exc:
                 self._failed(group, path, "no_answer",
-                             f"dropped the request before answering: {describe(exc)}", failures)
+                             f"dropped the request before answering: {describe(exc)}",
+                             run.failures)
                 continue
             except _Disconnected:
                 return self._client_left(group, path)
             except BaseException as exc:  # cancelled (server shutdown)
-                logger.info("request to group %d cancelled (%s)", group.id, describe(exc))
+                logger.info("request to %s cancelled (%s)", group.name, describe(exc))
                 self._finish(group, path, "disconnect")
                 raise
             if upstream.status_code == 503:
                 raw = await self._read_quietly(upstream)
                 self._failed(group, path, "unavailable",
-                             f"answered 503: {_upstream_message(raw)}", failures)
+                             f"answered 503: {_upstream_message(raw)}", run.failures)
                 continue
-            return await self._respond(request, upstream, group, path)
+            try:
+                return await self._respond(request, upstream, group, path, run, only)
+            except _NoOutput as exc:
+                self._failed(group, path, exc.cause, exc.detail, run.failures)
+                continue
 
-    # ----- committed to one group ---------------------------------------------------------
+    def _may_retry(self, run: _Attempt, only: set | None) -> bool:
+        """One more try after an engine failure, if it is the first and another group can."""
+        if run.died or not self.picker.any_usable(exclude=run.tried, only=only):
+            return False
+        run.died = True
+        return True
+
+    # ----- one group's answer --------------------------------------------------------------
 
     async def _respond(self, request: Request, upstream: httpx.Response, group: Group,
-                       path: str) -> Response:
+                       path: str, run: _Attempt, only: set | None) -> Response:
+        """The client's answer from `upstream`; raises _NoOutput (upstream closed, the request
+        released) when the group failed before any output and a retry is allowed."""
         headers = {k: v for k, v in upstream.headers.items() if k in FORWARD_RESPONSE_HEADERS}
-        outcome = self._outcome(group, upstream.status_code)
-        if outcome != "upstream_error":
-            self.picker.mark_ok(group)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(self._stream(upstream, group, path, outcome),
-                                     status_code=upstream.status_code, headers=headers)
+            return await self._respond_stream(request, upstream, group, path, run, only,
+                                              headers)
         try:
             content = await _unless_disconnected(request, upstream.aread())
         except _Disconnected:
+            await self._close(upstream)
             return self._client_left(group, path)
         except httpx.HTTPError as exc:
-            self.metrics.upstream_errors.labels(str(group.id), "midway").inc()
+            await self._close(upstream)
+            detail = f"failed before answering in full: {describe(exc)}"
+            if self._may_retry(run, only):
+                raise _NoOutput("no_output", detail) from None
+            self.metrics.upstream_errors.labels(group.label, "midway").inc()
             self.picker.mark_failed(group, f"failed mid-response: {describe(exc)}")
             self._finish(group, path, "upstream_error")
             return error_response(
-                502, f"engine group {group.id} ({group.url}) failed mid-response: "
-                     f"{describe(exc)}", "BadGatewayError")
-        finally:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
+                502, f"{who(group)} ({group.url}) failed mid-response: {describe(exc)}",
+                "BadGatewayError")
+        await self._close(upstream)
+        if upstream.status_code >= 500 and self._may_retry(run, only):
+            raise _NoOutput("server_error", f"answered {upstream.status_code}: "
+                                            f"{_upstream_message(content)}")
+        outcome = self._outcome(group, upstream.status_code)
+        if outcome != "upstream_error":
+            self.picker.mark_ok(group)
         self._finish(group, path, outcome)
         return Response(content, status_code=upstream.status_code, headers=headers)
 
-    async def _stream(self, upstream: httpx.Response, group: Group, path: str,
-                      outcome: str) -> AsyncIterator[bytes]:
-        tail = b""
+    async def _respond_stream(self, request: Request, upstream: httpx.Response, group: Group,
+                              path: str, run: _Attempt, only: set | None,
+                              headers: dict) -> Response:
+        chunks = upstream.aiter_bytes()
         try:
-            async for chunk in upstream.aiter_bytes():
-                tail = (tail + chunk)[-len(SSE_DONE):]
-                yield chunk
+            held = await _unless_disconnected(request, self._hold(chunks, upstream))
+        except _Disconnected:
+            await self._close(upstream)
+            return self._client_left(group, path)
+        except _NoOutput as exc:
+            await self._close(upstream)
+            if self._may_retry(run, only):
+                raise
+            if not exc.held:  # nothing at all came: no stream to pass on
+                self.metrics.upstream_errors.labels(group.label, exc.cause).inc()
+                self.picker.mark_failed(group, exc.detail)
+                self._finish(group, path, "upstream_error")
+                return error_response(502, f"{who(group)} ({group.url}) {exc.detail}",
+                                      "BadGatewayError")
+            held, chunks = exc.held, None  # the engine's own error event, passed on
+        outcome = self._outcome(group, upstream.status_code)
+        if outcome != "upstream_error":
+            self.picker.mark_ok(group)
+        return StreamingResponse(self._stream(held, chunks, upstream, group, path, outcome),
+                                 status_code=upstream.status_code, headers=headers)
+
+    @staticmethod
+    async def _hold(chunks: AsyncIterator[bytes], upstream: httpx.Response) -> bytes:
+        """Read the stream until its first event with output; return what was read. Raises
+        _NoOutput when it ends, breaks or reports a 5xx error before that."""
+        held = b""
+        scanned = 0
+        try:
+            async for chunk in chunks:
+                held += chunk
+                while (end := held.find(b"\n\n", scanned)) >= 0:
+                    event = held[scanned:end]
+                    scanned = end + 2
+                    kind, code = _event_kind(event)
+                    if kind == "output" or (kind == "error" and code < 500):
+                        return held
+                    if kind == "error":
+                        raise _NoOutput("server_error", "failed before any output: "
+                                        f"{_upstream_message(_event_data(event))}", held)
+        except httpx.HTTPError as exc:
+            raise _NoOutput("no_output", f"failed before any output: {describe(exc)}") from None
+        raise _NoOutput("no_output", "failed before any output: the stream ended", held)
+
+    async def _stream(self, held: bytes, chunks: AsyncIterator[bytes] | None,
+                      upstream: httpx.Response, group: Group, path: str,
+                      outcome: str) -> AsyncIterator[bytes]:
+        tail = held[-len(SSE_DONE):]
+        try:
+            yield held
+            if chunks is not None:
+                async for chunk in chunks:
+                    tail = (tail + chunk)[-len(SSE_DONE):]
+                    yield chunk
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
-            self.metrics.upstream_errors.labels(str(group.id), "midway").inc()
+            self.metrics.upstream_errors.labels(group.label, "midway").inc()
             self.picker.mark_failed(group, f"failed mid-stream: {describe(exc)}")
-            yield sse_error(502, f"engine group {group.id} ({group.url}) failed mid-stream: "
+            yield sse_error(502, f"{who(group)} ({group.url}) failed mid-stream: "
                                  f"{describe(exc)}", "BadGatewayError")
             yield SSE_DONE
         except BaseException:  # cancelled or closed: the client went away
             if tail != SSE_DONE:  # (a client may hang up after [DONE], before the EOF)
                 outcome = "disconnect"
-                logger.info("client disconnected; closing the stream to group %d", group.id)
+                logger.info("client disconnected; closing the stream to %s", group.name)
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
+            await self._close(upstream)
             self._finish(group, path, outcome)
 
     def _client_left(self, group: Group, path: str) -> Response:
-        logger.info("client disconnected; cancelled its request to group %d", group.id)
+        logger.info("client disconnected; cancelled its request to %s", group.name)
         self._finish(group, path, "disconnect")
         return Response(status_code=499)
+
+    @staticmethod
+    async def _close(upstream: httpx.Response) -> None:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
 
     @staticmethod
     async def _read_quietly(upstream: httpx.Response) -> bytes:
@@ -200,21 +341,21 @@ class Proxy:
             return "ok"
         if status < 500:
             return "client_error"
-        self.metrics.upstream_errors.labels(str(group.id), "server_error").inc()
+        self.metrics.upstream_errors.labels(group.label, "server_error").inc()
         return "upstream_error"
 
     def _start(self, group: Group) -> None:
         self.picker.acquire(group)
-        self.metrics.outstanding.labels(str(group.id)).inc()
+        self.metrics.outstanding.labels(group.label).inc()
 
     def _finish(self, group: Group, path: str, outcome: str) -> None:
         self.picker.release(group)
-        self.metrics.outstanding.labels(str(group.id)).dec()
-        self.metrics.requests.labels(str(group.id), path, outcome).inc()
+        self.metrics.outstanding.labels(group.label).dec()
+        self.metrics.requests.labels(group.label, path, outcome).inc()
 
     def _failed(self, group: Group, path: str, cause: str, detail: str,
                 failures: list[str]) -> None:
         self._finish(group, path, "upstream_error")
-        self.metrics.upstream_errors.labels(str(group.id), cause).inc()
+        self.metrics.upstream_errors.labels(group.label, cause).inc()
         self.picker.mark_failed(group, detail)
-        failures.append(f"group {group.id} ({group.url}) {detail}")
+        failures.append(f"{group.name} ({group.url}) {detail}")

@@ -1,0 +1,222 @@
+"""The fleet gateway: one OpenAI endpoint for every InferenceEngine it may see, routing each
+request by its `model` to that model's engine groups (docs/router.md, "Fleet gateway").
+
+    python -m shoal.engine.router.gateway [--namespace NS ...] [--discovery-dir DIR]
+        [--routing least-outstanding|prefix-affinity] [--host H] [--port P] [--api-key KEY]
+
+Discovery: the operator's discovery ConfigMaps through the API (in a pod: its ServiceAccount;
+`--namespace` as often as needed, default the pod's own namespace), and/or a directory of
+discovery files (`--discovery-dir`, outside Kubernetes). Forwarding, retries, cool-downs,
+health probes and streaming are the per-engine frontend's (proxy.py, picker.py, health.py).
+`/v1/models` lists every model with a ready group; an unknown model is OpenAI's 404 naming the
+available models; `/metrics` has the gateway's own `shoal_router_*` series (the `group` label is
+`NAMESPACE/ENGINE/GROUP`) and the groups' `vllm:*` series summed per model (aggregate.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from shoal.engine.router import aggregate, k8s_discovery
+from shoal.engine.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
+from shoal.engine.router.app import PROXIED, common_app
+from shoal.engine.router.errors import error_response
+from shoal.engine.router.fleet import Fleet
+from shoal.engine.router.fleet_sources import ConfigMapsSource, DirectorySource
+from shoal.engine.router.health import PROBE_INTERVAL_S, HealthProber
+from shoal.engine.router.main import COOLDOWN_ENV, POLL_ENV, PROBE_ENV, serve_app
+from shoal.engine.router.metrics import RouterMetrics
+from shoal.engine.router.picker import COOLDOWN_S, GroupPicker
+from shoal.engine.router.proxy import UPSTREAM_TIMEOUT, Proxy
+
+logger = logging.getLogger("shoal.gateway")
+
+
+class Gateway:
+    def __init__(self, *, namespaces: list[str], discovery_dir: str | None,
+                 kube: tuple[str, Path, Path] | None, api_key: str | None, routing: str,
+                 imbalance: int = IMBALANCE, cooldown: float = COOLDOWN_S,
+                 poll_interval: float = 1.0, probe_interval: float = PROBE_INTERVAL_S) -> None:
+        self.api_key = api_key
+        self.routing = routing
+        self.metrics = RouterMetrics()
+        self.affinity = make_affinity(routing, imbalance)
+        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity)
+        self.fleet = Fleet(self.picker.set_groups)
+        self.client = httpx.AsyncClient(
+            timeout=UPSTREAM_TIMEOUT,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
+        self.proxy = Proxy(self.picker, self.metrics, self.client)
+        self.prober = HealthProber(self.picker, self.client, probe_interval)
+        self.directory = (DirectorySource(discovery_dir, self.fleet, poll_interval)
+                          if discovery_dir else None)
+        self.api = None
+        if kube and namespaces:
+            server, token_file, ca_file = kube
+            self.api = ConfigMapsSource(server, namespaces, self.fleet, token_file=token_file,
+                                        ca_file=ca_file)
+
+    def not_ready(self) -> str | None:
+        """Why the gateway cannot answer for the fleet yet (its readiness), else None."""
+        if self.api is not None:
+            missing = [ns for ns in self.api.namespaces if ns not in self.api.synced]
+            if missing:
+                problems = "; ".join(p for p in self.api.problems.values() if p)
+                return (f"discovery has not listed namespace(s) {', '.join(missing)} yet"
+                        + (f": {problems}" if problems else ""))
+        return None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        tasks = [asyncio.ensure_future(self.prober.run())]
+        if self.directory is not None:
+            self.directory.check()
+            tasks.append(asyncio.ensure_future(self.directory.run()))
+        if self.api is not None:
+            tasks.append(asyncio.ensure_future(self.api.run()))
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.aclose()
+
+
+def _unknown_model(model, models: dict[str, list[str]]) -> Response:
+    available = ", ".join(sorted(models)) or "none (no InferenceEngine has a ready group)"
+    return error_response(404, f"The model `{model}` does not exist. Available models: "
+                               f"{available}.", "NotFoundError")
+
+
+def build_gateway_app(gw: Gateway) -> FastAPI:
+    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_key)
+    app.state.gateway = gw
+
+    def proxied(path: str, protected: bool):
+        async def handler(request: Request) -> Response:
+            if protected:
+                check_key(request)
+            body = await request.body()
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                return error_response(400, "the request body must be a JSON object",
+                                      "BadRequestError")
+            models = gw.fleet.models()
+            model = data.get("model")
+            if model is None and len(models) == 1:
+                (model,) = models
+            elif model is None:
+                return error_response(400, "the request names no `model`; available models: "
+                                           f"{', '.join(sorted(models)) or 'none'}",
+                                      "BadRequestError")
+            if model not in models:
+                return _unknown_model(model, models)
+            return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
+                                          prefix=request_keys(gw.affinity, body))
+
+        handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
+        return handler
+
+    for path in PROXIED:
+        app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
+             "root": name, "parent": None}
+            for name in sorted(gw.fleet.models())]}
+
+    @app.get("/health")
+    async def health():
+        why = gw.not_ready()
+        if why:
+            return error_response(503, why, "ServiceUnavailableError")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        gw.metrics.listed.set(len(gw.picker.states))
+        gw.metrics.usable.set(len(gw.picker.usable()))
+        gw.metrics.discovery_valid.set(0 if gw.not_ready() else 1)
+        urls = sorted({s.group.url for s in gw.picker.states.values()})
+        fleet = aggregate.aggregate(await aggregate.scrape(gw.client, urls))
+        return Response(gw.metrics.render() + fleet.encode(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m shoal.engine.router.gateway",
+        description="One OpenAI endpoint for a fleet of InferenceEngines, routed by `model` "
+                    "(docs/router.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--namespace", action="append", default=None, dest="namespaces",
+                   help="a namespace whose InferenceEngines to serve (repeat for more); "
+                        "default: $POD_NAMESPACE")
+    p.add_argument("--discovery-dir", default=None,
+                   help="a directory of discovery files, one ENGINE.json per engine (the "
+                        "operator's engines.json format); for use outside Kubernetes")
+    p.add_argument("--kube-server", default=None,
+                   help="the API server's URL (default: the pod's, from its ServiceAccount)")
+    p.add_argument("--kube-token-file", default=str(k8s_discovery.SA_DIR / "token"))
+    p.add_argument("--kube-ca-file", default=str(k8s_discovery.SA_DIR / "ca.crt"))
+    p.add_argument("--routing", choices=ROUTINGS,
+                   default=os.environ.get("SHOAL_ROUTER_ROUTING") or "least-outstanding")
+    p.add_argument("--prefix-imbalance", type=int, default=IMBALANCE,
+                   help="prefix-affinity: a prefix's group keeps it while its outstanding "
+                        "requests exceed the least-loaded group's by at most this many")
+    p.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [gateway] %(message)s")
+    namespaces = args.namespaces or ([os.environ["POD_NAMESPACE"]]
+                                     if os.environ.get("POD_NAMESPACE") else [])
+    server = args.kube_server or k8s_discovery.in_cluster_server()
+    if not args.discovery_dir and not (server and namespaces):
+        parser.error("nothing to discover: give --discovery-dir, or run in a pod (or give "
+                     "--kube-server) with --namespace or $POD_NAMESPACE")
+    kube = (server, Path(args.kube_token_file), Path(args.kube_ca_file)) if server else None
+    gw = Gateway(namespaces=namespaces if kube else [], discovery_dir=args.discovery_dir,
+                 kube=kube, api_key=args.api_key, routing=args.routing,
+                 imbalance=args.prefix_imbalance,
+                 cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
+                 poll_interval=float(os.environ.get(POLL_ENV, 1.0)),
+                 probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)))
+    sources = ([f"namespace(s) {', '.join(namespaces)} via {server}"] if kube and namespaces
+               else []) + ([f"directory {args.discovery_dir}"] if args.discovery_dir else [])
+    logger.info("gateway: serving the engines in %s on %s:%d (%s)", " and ".join(sources),
+                args.host, args.port, args.routing)
+    return serve_app(build_gateway_app(gw), args.host, args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
