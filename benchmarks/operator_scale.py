@@ -40,11 +40,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "operator"))
+sys.path.insert(0, str(REPO / "tests"))
 
 from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate  # noqa: E402
 from shoal.operator import crd  # noqa: E402
 from shoal.operator import labels as L  # noqa: E402
 from shoal.operator.kube import Kube  # noqa: E402
+from support.watch_log import WatchLog  # noqa: E402
 
 
 def _control_plane_module():
@@ -116,47 +118,6 @@ def _live(port: int) -> bool:
         return False
 
 
-class EngineWrites(threading.Thread):
-    """Watches the InferenceEngines and counts, per stage, the events that changed `status` and
-    those that changed `metadata` (annotations, finalizers)."""
-
-    def __init__(self, kubeconfig: str, ns: str):
-        super().__init__(daemon=True)
-        self.kubeconfig, self.ns = kubeconfig, ns
-        self.stage = "create"
-        self.counts: dict[tuple[str, str], int] = {}
-        self.ready = threading.Event()
-
-    def run(self):
-        from kubernetes import client, config, watch
-
-        api = client.CustomObjectsApi(config.new_client_from_config(config_file=self.kubeconfig))
-        last: dict[str, dict] = {}
-        self.ready.set()
-        try:
-            self._follow(api, watch, last)
-        except Exception:  # noqa: BLE001 - the control plane stops under the watch at the end
-            pass
-
-    def _follow(self, api, watch, last: dict) -> None:
-        for ev in watch.Watch().stream(api.list_namespaced_custom_object, L.GROUP, L.VERSION, self.ns,
-                                       L.PLURAL, timeout_seconds=3600):
-            obj, name = ev["object"], ev["object"]["metadata"]["name"]
-            prev = last.get(name)
-            last[name] = obj
-            if ev["type"] != "MODIFIED" or prev is None:
-                continue
-            pm, m = prev["metadata"], obj["metadata"]
-            if prev.get("status") != obj.get("status"):
-                self._add("status")
-            if (pm.get("annotations"), pm.get("finalizers")) != (m.get("annotations"), m.get("finalizers")):
-                self._add("metadata")
-
-    def _add(self, what: str) -> None:
-        key = (self.stage, what)
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-
 class Kubelet(threading.Thread):
     """Ends deleted engine pods as a node would: rank 0 after its drain, its container first."""
 
@@ -208,9 +169,8 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
                           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     sampler = Sampler(op.pid)
     sampler.start()
-    watcher = EngineWrites(kubeconfig, ns)
-    watcher.start()
-    watcher.ready.wait(30)
+    watcher = WatchLog.custom(config.new_client_from_config(config_file=kubeconfig), L.GROUP, L.VERSION,
+                              ns, L.PLURAL).start()
     kubelet = Kubelet(kube, ns, drain_s)
     try:
         _until(lambda: _live(port), 60, "the operator's liveness endpoint")  # start-up is not measured
@@ -256,7 +216,7 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         # Delete every engine: the operator stops each group in rank order and then removes its
         # finalizer (pods are unscheduled here, so each stop completes at once).
         time.sleep(2)  # let the last Ready writes land in the create stage
-        watcher.stage = "delete"
+        t_stage = time.monotonic()
         kubelet.start()
         t2 = time.monotonic()
         with cf.ThreadPoolExecutor(workers) as pool:
@@ -266,6 +226,12 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         cpu = sampler.cpu_seconds() - cpu0
         sampler.stop.set()
         kubelet.stop.set()
+        watcher.stop()
+        engine_writes: dict[str, int] = {}
+        for i in range(n):
+            for stage, since, until in (("create", 0.0, t_stage), ("delete", t_stage, float("inf"))):
+                for what, c in watcher.writes(f"e{i:04d}", since, until).items():
+                    engine_writes[f"{stage} {what}"] = engine_writes.get(f"{stage} {what}", 0) + c
     finally:
         op.terminate()
         try:
@@ -278,7 +244,7 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
     return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
             "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
             "delete_s": t_deleted, "drain_s": drain_s,
-            "engine_writes": {f"{stage} {what}": c for (stage, what), c in sorted(watcher.counts.items())},
+            "engine_writes": dict(sorted(engine_writes.items())),
             "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes}
 
 
