@@ -133,16 +133,23 @@ def group_metric(samples: dict[str, float], metric: str, group: int, **labels: s
     return out
 
 
-def events(cluster: Cluster, ns: str, reason: str) -> list[dict]:
+def events(cluster: Cluster, ns: str, reason: str, name: str | None = None) -> list[dict]:
+    """Events of `reason` in `ns`, of one InferenceEngine if `name` is given."""
     items = cluster.get("events", "-n", ns)["items"]
-    return [e for e in items if e.get("reason") == reason]
+    return [e for e in items if e.get("reason") == reason
+            and (name is None or (e.get("involvedObject") or {}).get("name") == name)]
+
+
+def iso_seconds(stamp: str | None) -> float | None:
+    """An API timestamp as epoch seconds (the API's resolution is 1 s)."""
+    import calendar
+
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else None
 
 
 def condition_time(obj: dict, ctype: str, status: str = "True") -> float | None:
     """When a condition last became `status` (epoch seconds; the API's resolution is 1 s)."""
-    import calendar
-
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c["type"] == ctype and c["status"] == status and c.get("lastTransitionTime"):
-            return calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+            return iso_seconds(c["lastTransitionTime"])
     return None

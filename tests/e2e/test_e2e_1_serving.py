@@ -15,6 +15,7 @@ from e2e.e2e_helpers import (
     condition_time,
     create,
     events,
+    iso_seconds,
     pods,
     record,
     service_url,
@@ -45,8 +46,9 @@ def served(cluster):
             return False
 
     wait_for(first_token, timeout=480, interval=0.5, what="the first streamed token")
+    first_token_at = time.time()
     record("apply_to_first_token", time.monotonic() - t0)
-    yield {"ns": ns, "url": url}
+    yield {"ns": ns, "url": url, "first_token_at": first_token_at}
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
@@ -72,13 +74,27 @@ def test_frontend_ready_within_seconds_of_its_group(cluster, served):
     """Discovery comes from the API: no wait for the kubelet's ConfigMap volume sync (~60 s)."""
     ns = served["ns"]
     ie_obj = cluster.get("ie", NAME, "-n", ns)
-    group_ready = condition_time(ie_obj, "Ready")
+    group_ready = iso_seconds(next(g for g in ie_obj["status"]["groups"] if g["index"] == 0)
+                              .get("readySince"))
     (fe,) = pods(cluster, ns, f"shoal.dev/engine={NAME},shoal.dev/component=frontend")
     fe_ready = condition_time(fe, "Ready")
     assert group_ready and fe_ready, (ie_obj.get("status"), fe.get("status"))
     lag = fe_ready - group_ready
     record("group_ready_to_frontend_ready", lag)
     assert lag <= 12, f"frontend Ready {lag:.0f}s after its group (discovery waited on a volume?)"
+
+
+def test_ready_means_a_completion_answers(cluster, served):
+    """Found on a real cluster: the resource said Ready 2/2 at +19 s and the first completion
+    through the Service came at +88.8 s. Ready now waits for a frontend that reaches a group."""
+    ns = served["ns"]
+    ie_obj = wait_ready(cluster, ns, NAME, "1/1")
+    ready_at = condition_time(cluster.get("ie", NAME, "-n", ns), "Ready")
+    serving = next(c for c in ie_obj["conditions"] if c["type"] == "Serving")
+    assert serving["status"] == "True" and "1/1 frontends ready" in serving["message"], serving
+    lag = served["first_token_at"] - ready_at
+    record("ready_to_first_token", lag)
+    assert lag <= 20, f"the first token came {lag:.0f}s after the resource said Ready"
 
 
 def test_kill9_engine_core_is_named_restarted_and_serving_resumes(cluster, served):

@@ -8,11 +8,13 @@ import time
 
 import pytest
 from support.wait import wait_for
+from support.watch_log import WatchLog
 
 from e2e.e2e_helpers import (
     MODEL,
     client,
     create,
+    events,
     pods,
     record,
     service_url,
@@ -73,3 +75,26 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
     wait_serving(tp2_url)
     record("tp2_kill_rank1_to_serving", time.monotonic() - t_kill)
     assert _greedy(tp2_url) == _greedy(one_url)
+
+    # Delete: rank 0 drains first; its headless rank is stopped only after rank 0's engine
+    # container has terminated (it is needed for every forward pass until then).
+    log = WatchLog.pods(cluster.api_client(), ns, "shoal.dev/engine=tp2").start()
+    cluster.kubectl("delete", "ie", "tp2", "-n", ns, "--wait=false")
+    wait_for(lambda: not pods(cluster, ns, "shoal.dev/engine=tp2,shoal.dev/component=engine"),
+             timeout=180, interval=0.5, what="both ranks gone")
+    log.stop()
+
+    def first(rank: str, pred) -> float | None:
+        return next((e.at for e in log.of(f"tp2-g0-r{rank}") if pred(e.obj)), None)
+
+    def engine_terminated(pod: dict) -> bool:
+        return any((cs.get("state") or {}).get("terminated") and cs["name"] == "engine"
+                   for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+    r0_ended = first("0", engine_terminated)
+    r1_asked = first("1", lambda p: p["metadata"].get("deletionTimestamp"))
+    assert r0_ended is not None and r1_asked is not None, [(e.type, e.obj["metadata"]["name"])
+                                                           for e in log.events]
+    assert r1_asked >= r0_ended, f"rank 1 was stopped {r0_ended - r1_asked:.1f}s before rank 0 ended"
+    assert len(events(cluster, ns, "DrainStarted", "tp2")) == 1
+    assert len(events(cluster, ns, "DrainFinished", "tp2")) == 1
