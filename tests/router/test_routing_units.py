@@ -66,10 +66,9 @@ def test_a_dead_home_moves_the_prefix_and_claims_expire():
     assert moved != home
     clock.now += 5.0  # the cool-down ran out: the prefix stays where it moved
     assert picker.pick(prefix=_keys(picker, SYSTEM_A, "q")) == moved
-    clock.now += 601  # the claim expired: least outstanding chooses (round-robin turn)
-    picker.affinity.remember([], moved.key, [])
-    assert picker.affinity.choose(_keys(picker, SYSTEM_A, "q"), list(
-        picker.states.values())) is None
+    clock.now += 601  # the claim expired: nothing to follow, least-outstanding chooses
+    assert picker.affinity.choose(_keys(picker, SYSTEM_A, "q"),
+                                  list(picker.states.values())) is None
 
 
 def test_short_prompts_have_no_key_and_table_is_bounded():

@@ -251,16 +251,17 @@ class Proxy:
             await self._close(upstream)
             return self._client_left(group, path)
         except _NoOutput as exc:
-            await self._close(upstream)
             if self._may_retry(run, only):
+                await self._close(upstream)
                 raise
             if not exc.held:  # nothing at all came: no stream to pass on
+                await self._close(upstream)
                 self.metrics.upstream_errors.labels(group.label, exc.cause).inc()
                 self.picker.mark_failed(group, exc.detail)
                 self._finish(group, path, "upstream_error")
                 return error_response(502, f"{who(group)} ({group.url}) {exc.detail}",
                                       "BadGatewayError")
-            held, chunks = exc.held, None  # the engine's own error event, passed on
+            held = exc.held  # the engine's own error event, passed on with the rest
         outcome = self._outcome(group, upstream.status_code)
         if outcome != "upstream_error":
             self.picker.mark_ok(group)
@@ -289,16 +290,15 @@ class Proxy:
             raise _NoOutput("no_output", f"failed before any output: {describe(exc)}") from None
         raise _NoOutput("no_output", "failed before any output: the stream ended", held)
 
-    async def _stream(self, held: bytes, chunks: AsyncIterator[bytes] | None,
+    async def _stream(self, held: bytes, chunks: AsyncIterator[bytes],
                       upstream: httpx.Response, group: Group, path: str,
                       outcome: str) -> AsyncIterator[bytes]:
         tail = held[-len(SSE_DONE):]
         try:
             yield held
-            if chunks is not None:
-                async for chunk in chunks:
-                    tail = (tail + chunk)[-len(SSE_DONE):]
-                    yield chunk
+            async for chunk in chunks:
+                tail = (tail + chunk)[-len(SSE_DONE):]
+                yield chunk
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
             self.metrics.upstream_errors.labels(group.label, "midway").inc()
