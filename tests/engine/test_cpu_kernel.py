@@ -20,19 +20,27 @@ def kernel():
     return k
 
 
-def reference(q, k_cache, v_cache, table, ctx, scale):
-    """Plain attention per row over its first ctx tokens, in float64."""
+def reference(q, k_cache, v_cache, table, ctx, scale, window=None, softcap=None, sinks=None):
+    """Attention per row over its first ctx tokens (the last `window` of them), in float64, as
+    transformers' eager functions compute it: scores soft-capped, a sink logit per head in the
+    softmax's denominator."""
     _, bs, hkv, d = k_cache.shape
     group = q.shape[1] // hkv
     out = torch.empty(q.shape, dtype=torch.float64)
     for r in range(q.shape[0]):
         n = int(ctx[r])
+        first = max(0, n - window) if window else 0
         blocks = table[r, : -(-n // bs)]
-        k = k_cache[blocks].reshape(-1, hkv, d)[:n].double()  # [n, Hkv, D]
-        v = v_cache[blocks].reshape(-1, hkv, d)[:n].double()
+        k = k_cache[blocks].reshape(-1, hkv, d)[first:n].double()  # [n, Hkv, D]
+        v = v_cache[blocks].reshape(-1, hkv, d)[first:n].double()
         for h in range(q.shape[1]):
             s = (k[:, h // group] @ q[r, h].double()) * scale
-            out[r, h] = s.softmax(0) @ v[:, h // group]
+            if softcap:
+                s = torch.tanh(s / softcap) * softcap
+            if sinks is not None:
+                s = torch.cat([s, sinks[h:h + 1].double()])
+            p = s.softmax(0)[: k.shape[0]]
+            out[r, h] = p @ v[:, h // group]
     return out
 
 
@@ -55,6 +63,30 @@ def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, n
     assert out.dtype == dtype and out.shape == q.shape
     ref = reference(q, k_cache, v_cache, table, ctx, scale)
     assert (out.double() - ref).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("window, softcap, with_sinks", [
+    (20, None, False), (16, None, False), (1, None, False), (None, 1.5, False),
+    (None, None, True), (20, 1.5, True)])
+def test_kernel_implements_windows_softcap_and_sinks(kernel, window, softcap, with_sinks):
+    """Sliding windows (across, at and inside block edges, and a window of one), Gemma-2's
+    soft-capping and gpt-oss's sinks, each equal to transformers' eager semantics; every case
+    also differs from plain attention, so a kernel that ignored the argument would fail."""
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, bs, d = 128, 16, 64
+    k_cache = torch.randn(num_blocks, bs, 2, d, generator=gen)
+    v_cache = torch.randn(num_blocks, bs, 2, d, generator=gen)
+    ctx = torch.tensor([1, 15, 16, 17, 33, 100, 160])
+    table = torch.randperm(num_blocks - 1, generator=gen)[: len(ctx) * 10].add(1)
+    table = table.reshape(len(ctx), 10).contiguous()
+    q = 2 * torch.randn(len(ctx), 4, d, generator=gen)  # scores of a few units: the cap bites
+    sinks = torch.randn(4, generator=gen) + 1.0 if with_sinks else None
+    scale = d ** -0.5
+    out = kernel(q, k_cache, v_cache, table, ctx, scale, window, softcap, sinks)
+    ref = reference(q, k_cache, v_cache, table, ctx, scale, window, softcap, sinks)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+    plain = reference(q, k_cache, v_cache, table, ctx, scale)
+    assert (out.double() - plain).abs().max().item() > 1e-2
 
 
 def test_rows_split_across_threads_give_the_same_bits(kernel):

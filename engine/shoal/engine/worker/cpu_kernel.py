@@ -95,7 +95,9 @@ def build() -> Path:
 
 
 class PagedDecodeKernel:
-    """Callable wrapper: `kernel(q, k_cache, v_cache, table, ctx, scale)` -> out [R, Hq, D].
+    """Callable wrapper: `kernel(q, k_cache, v_cache, table, ctx, scale, window, softcap,
+    sinks)` -> out [R, Hq, D]. window (keys a row sees, None = all), softcap and sinks ([Hq]
+    logits) are the attention variants transformers passes as sliding_window, softcap, s_aux.
 
     With several torch threads the rows are split into one contiguous range per thread, each
     range one call on a pool thread (ctypes releases the GIL during the call)."""
@@ -105,14 +107,20 @@ class PagedDecodeKernel:
     def __init__(self, path: Path) -> None:
         self._fn = ctypes.CDLL(str(path)).paged_decode
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+        self._fn.argtypes = ([_PTR] * 6 + [_I64] * 7
+                             + [ctypes.c_float, ctypes.c_float, _PTR, ctypes.c_int])
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 table: torch.Tensor, ctx: torch.Tensor, scale: float) -> torch.Tensor | None:
+                 table: torch.Tensor, ctx: torch.Tensor, scale: float, window: int | None = None,
+                 softcap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor | None:
         """None where the shapes are outside what the kernel handles (use the torch path)."""
         rows, num_heads, head_dim = q.shape
+        if sinks is not None:
+            sinks = sinks.detach().to(torch.float32).contiguous()
+        sinks_ptr = None if sinks is None else sinks.data_ptr()
         _, block_size, num_kv_heads, _ = k_cache.shape
         q = q.contiguous()
         out = torch.empty_like(q)
@@ -124,7 +132,8 @@ class PagedDecodeKernel:
                             v_cache.data_ptr(), table.data_ptr() + start * width * 8,
                             ctx.data_ptr() + start * 8, out.data_ptr() + start * row_bytes,
                             end - start, num_heads, num_kv_heads, head_dim, block_size, width,
-                            scale, int(q.dtype == torch.bfloat16))
+                            window or 0, scale, softcap or 0.0, sinks_ptr,
+                            int(q.dtype == torch.bfloat16))
 
         threads = min(torch.get_num_threads(), rows // self.MIN_ROWS_PER_THREAD)
         if threads <= 1:

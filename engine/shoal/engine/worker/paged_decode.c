@@ -9,9 +9,17 @@
 //   k_cache, v_cache [NB, BS, Hkv, D]  same dtype
 //   table           [R, W] int64      block ids; only the first ceil(ctx[r] / BS) are read
 //   ctx             [R] int64         tokens of context of row r (including the new one)
+//   sinks           [Hq] float32 or NULL
 // Query heads h * G .. h * G + G - 1 share KV head h (G = Hq / Hkv), as in transformers' GQA.
 // Scores and sums are float32 whatever the storage dtype. Returns 0, or -1 for shapes it does
 // not handle (the caller then uses the torch path).
+//
+// The attention variants transformers' models ask for, with transformers' semantics:
+//   window > 0   sliding window: a row sees only its last `window` keys (itself included);
+//                blocks wholly before the window are not read.
+//   softcap > 0  logit soft-capping (Gemma-2): score = softcap * tanh(score / softcap).
+//   sinks        attention sinks (gpt-oss): one extra logit per query head that joins the
+//                softmax's denominator and has no value.
 #include <stdint.h>
 #include <math.h>
 #include <string.h>
@@ -67,13 +75,15 @@ static inline void load_rows(const void *cache, int is_bf16, int64_t base, int64
 
 int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
                  const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
-                 int64_t BS, int64_t W, float scale, int is_bf16) {
+                 int64_t BS, int64_t W, int64_t window, float scale, float softcap,
+                 const float *sinks, int is_bf16) {
     if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
     int64_t G = Hq / Hkv;
     float qf[MAXG][MAXD], acc[MAXG][MAXD], m[MAXG], l[MAXG];
     float kf[MAXBS][MAXD], vf[MAXBS][MAXD], s[MAXBS];
     for (int64_t r = 0; r < R; r++) {
         int64_t n = ctx[r];
+        int64_t first = window > 0 && n > window ? n - window : 0;  // first key the row sees
         for (int64_t h = 0; h < Hkv; h++) {
             for (int64_t g = 0; g < G; g++) {
                 int64_t qoff = (r * Hq + h * G + g) * D;
@@ -84,9 +94,10 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
                 }
                 m[g] = -3.0e38f; l[g] = 0.f;  // finite: no inf arithmetic anywhere
             }
-            for (int64_t j = 0; j * BS < n; j++) {
-                int64_t cnt = n - j * BS < BS ? n - j * BS : BS;
-                int64_t base = (table[r * W + j] * BS * Hkv + h) * D;
+            for (int64_t j = first / BS; j * BS < n; j++) {
+                int64_t lo = j * BS > first ? j * BS : first;
+                int64_t hi = (j + 1) * BS < n ? (j + 1) * BS : n, cnt = hi - lo;
+                int64_t base = ((table[r * W + j] * BS + (lo - j * BS)) * Hkv + h) * D;
                 load_rows(kc, is_bf16, base, Hkv * D, cnt, D, kf);
                 load_rows(vc, is_bf16, base, Hkv * D, cnt, D, vf);
                 for (int64_t g = 0; g < G; g++) {
@@ -94,6 +105,7 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
                     for (int64_t t = 0; t < cnt; t++) {
                         float x = 0.f;
                         for (int64_t d = 0; d < D; d++) x += qf[g][d] * kf[t][d];
+                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
                         s[t] = x;
                         bm = x > bm ? x : bm;
                     }
@@ -112,7 +124,13 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
             }
             for (int64_t g = 0; g < G; g++) {
                 int64_t ooff = (r * Hq + h * G + g) * D;
-                float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+                float c = 1.f;
+                if (sinks) {  // the sink's logit joins the denominator only
+                    float sv = sinks[h * G + g], nm = sv > m[g] ? sv : m[g];
+                    c = exp_le0(m[g] - nm);
+                    l[g] = l[g] * c + exp_le0(sv - nm);
+                }
+                float inv = l[g] > 0.f ? c / l[g] : 0.f;
                 for (int64_t d = 0; d < D; d++) {
                     float o = acc[g][d] * inv;
                     if (is_bf16) ((uint16_t *)out)[ooff + d] = f32_to_bf16(o);
