@@ -91,10 +91,13 @@ class EngineConfig:
         if not archs:
             _fail(f"{self.model}/config.json names no 'architectures'; shoal needs a causal LM "
                   "architecture such as LlamaForCausalLM or Qwen2ForCausalLM.")
-        if not any(a.endswith("ForCausalLM") for a in archs):
+        # A causal-LM head (transformers names them *ForCausalLM or *LMHeadModel, as GPT-2's);
+        # whether shoal serves the model exactly is decided at load by what it uses.
+        if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
             _fail(f"unsupported architecture {list(archs)} in {self.model}: shoal serves "
-                  "decoder-only causal LMs (*ForCausalLM), e.g. LlamaForCausalLM.")
-        model_len = int(hf.get("max_position_embeddings") or 0)
+                  "decoder-only causal LMs (*ForCausalLM, *LMHeadModel), e.g. LlamaForCausalLM.")
+        # GPT-2's family names its context length n_positions.
+        model_len = int(hf.get("max_position_embeddings") or hf.get("n_positions") or 0)
         object.__setattr__(self, "architectures", archs)
         object.__setattr__(self, "model_max_len", model_len)
         if self.max_model_len is None:

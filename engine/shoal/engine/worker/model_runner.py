@@ -14,7 +14,7 @@ import logging
 import torch
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from shoal.engine.worker import cpu_kernel, paged_attention, tensor_parallel
+from shoal.engine.worker import cpu_kernel, model_check, paged_attention, tensor_parallel
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
@@ -107,26 +107,28 @@ class ModelRunner:
                              "implementation does not route attention through AttentionInterface, "
                              "so shoal cannot plug in its paged KV cache.")
         name = f"{self.config.model} ({model_cls.__name__})"
+        text_cfg = hf_config.get_text_config()
+        model_check.check_config(text_cfg, name)  # before any weight is loaded
         if self.world_size > 1:  # refuse a T that does not split the model before loading it
-            tensor_parallel.check_shardable(hf_config.get_text_config(), self.world_size, name)
+            tensor_parallel.check_shardable(text_cfg, self.world_size, name)
         self.dtype = resolve_dtype(self.config.dtype, hf_config, self.device)
         model = AutoModelForCausalLM.from_pretrained(
             self.config.model, dtype=self.dtype,
             attn_implementation=paged_attention.ATTN_IMPLEMENTATION,
         )
         text_cfg = model.config.get_text_config()
-        num_heads, self.num_kv_heads = text_cfg.num_attention_heads, text_cfg.num_key_value_heads
         if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
             tensor_parallel.shard_model(model, self.rank, self.world_size, name)
-            num_heads, self.num_kv_heads = tensor_parallel.local_head_counts(text_cfg,
-                                                                              self.world_size)
         self.model = model.to(self.device).eval()
-        self.num_layers = text_cfg.num_hidden_layers
-        self.head_dim = getattr(text_cfg, "head_dim", None) or (
-            text_cfg.hidden_size // text_cfg.num_attention_heads)
+        # The cache's geometry is what the layers really produce (this rank's heads under TP).
+        layout = model_check.probe_model(self.model, text_cfg, self.device, name)
+        self.num_layers, self.num_kv_heads = layout.num_layers, layout.num_kv_heads
+        self.head_dim = layout.head_dim
         self.vocab_size = text_cfg.vocab_size
-        log.info("loaded %s (%s, %s) on %s, tensor-parallel rank %d of %d", self.config.model,
-                 model_cls.__name__, self.dtype, self.device, self.rank, self.world_size)
+        log.info("loaded %s (%s, %s) on %s, tensor-parallel rank %d of %d: %s", self.config.model,
+                 model_cls.__name__, self.dtype, self.device, self.rank, self.world_size,
+                 layout.describe())
+        num_heads = layout.num_heads
         self._load_decode_kernel(num_heads)
 
     def _load_decode_kernel(self, num_heads: int) -> None:
@@ -187,37 +189,25 @@ class ModelRunner:
 
         decode_rows = [i for i, n in enumerate(lens) if n == 1]
         all_decode = len(decode_rows) == len(lens)
-        decode_idx = decode_table = decode_mask = ctx = None
+        decode_idx = decode_table = ctx = None
         if decode_rows:
             rows = torch.tensor(decode_rows, **long)
             ctx = starts[rows] + 1
             num_blocks = -(-max(sched.start_positions[i] + 1 for i in decode_rows) // bs)
             decode_idx = token_offsets[rows]
             decode_table = table[rows, :num_blocks].contiguous()
-            if self.decode_kernel is None:
-                keys = torch.arange(num_blocks * bs, device=dev)
-                visible = keys.unsqueeze(0) < ctx.unsqueeze(1)
-                # Additive float masks: the CPU SDPA kernels are several times faster than bool.
-                decode_mask = self._additive(visible)[:, None, None, :]
         prefills = []
         offset = 0
         for i, n in enumerate(lens):
             if n > 1:
                 start = sched.start_positions[i]
-                if start == 0:
-                    prefills.append(PrefillChunk(offset, offset + n, None, n, None))
-                else:
-                    ctx_len = start + n
-                    ids = table[i, : -(-ctx_len // bs)]
-                    q_pos = start + torch.arange(n, device=dev)
-                    mask = self._additive(
-                        torch.arange(ctx_len, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1))
-                    prefills.append(PrefillChunk(offset, offset + n, ids, ctx_len, mask))
+                ids = None if start == 0 else table[i, : -(-(start + n) // bs)]
+                prefills.append(PrefillChunk(offset, offset + n, ids, start + n))
             offset += n
-        meta = PagedAttentionMetadata(slots, decode_idx, decode_table, decode_mask, all_decode,
+        meta = PagedAttentionMetadata(slots, decode_idx, decode_table, ctx, all_decode,
                                       prefills, self.kv_caches)
         if self.decode_kernel is not None:
-            meta.decode_kernel, meta.decode_ctx_lens = self.decode_kernel, ctx
+            meta.decode_kernel = self.decode_kernel
         elif decode_table is not None:
             meta.gather_buffers = self._gather_buffers(decode_table.numel())
         return meta, positions
@@ -230,10 +220,6 @@ class ModelRunner:
             self._gather_bufs = tuple(torch.empty(n, width, dtype=self.dtype, device=self.device)
                                       for _ in range(2))
         return self._gather_bufs
-
-    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        return mask.masked_fill_(~visible, float("-inf"))
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
