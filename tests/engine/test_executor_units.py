@@ -122,6 +122,7 @@ def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_pa
     from shoal.engine import wire
     from shoal.engine.config import check_model_readable
     from shoal.engine.engine_core_proc import termination_cause
+    from shoal.engine.errors import death_cause
     from shoal.engine.termination import Cause, is_permanent
 
     (tmp_path / "config.json").write_text("{}")
@@ -133,5 +134,7 @@ def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_pa
                         and real_access(p, mode))
     with pytest.raises(PermissionError, match=r"\['model.safetensors'\] .* not readable"):
         check_model_readable(str(tmp_path))
-    dead = wire.EngineDead("EngineCore_0", 1, 0, "PermissionError", "model files ... not readable")
+    exc = PermissionError("model files ... not readable")
+    dead = wire.EngineDead("EngineCore_0", 1, 0, "PermissionError", str(exc),
+                           cause=death_cause(exc, serving=False).value)
     assert termination_cause(dead) == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)

@@ -63,6 +63,15 @@ def test_bad_flag_is_a_permanent_config_error(tiny_model, tmp_path):
     assert "--no-such-flag" in f.message
 
 
+def test_a_missing_model_is_permanent_and_says_so(tmp_path):
+    term = tmp_path / "termination-log"
+    proc = _serve(str(tmp_path / "no-such-model"), term)
+    code = proc.wait(120)
+    f = failure_of(_pod(_kubelet_message(term, code), code))
+    assert (f.cause, f.permanent, f.exit_code) == ("model_not_found", True, 2)
+    assert "no-such-model" in f.message and "is not a directory" in f.message
+
+
 def test_engine_core_killed_is_a_transient_engine_error(tiny_model, tmp_path):
     import psutil
 

@@ -5,7 +5,9 @@ import json
 import pytest
 from shoal.engine.termination import (
     MAX_MESSAGE_BYTES,
+    TEXT_RULES,
     Cause,
+    classify_text,
     encode,
     is_permanent,
     parse_termination_message,
@@ -43,7 +45,11 @@ def test_multibyte_text_never_exceeds_the_limit():
         ("", Cause.UNKNOWN),
         ("Traceback (most recent call last):\n torch.OutOfMemoryError: CUDA out of memory", Cause.OUT_OF_MEMORY),
         ("RuntimeError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL", Cause.COLLECTIVE_TIMEOUT),
-        ("OSError: /models/missing does not exist", Cause.MODEL_NOT_FOUND),
+        ("OSError: /models/missing is not a local folder and is not a valid model identifier",
+         Cause.MODEL_NOT_FOUND),
+        # Generic phrases are not permanent faults (a missing NCCL segment, a bad batch).
+        ("FileNotFoundError: [Errno 2] No such file or directory: '/dev/shm/nccl-1'", Cause.UNKNOWN),
+        ("Traceback (most recent call last):\nValueError: top_k must be positive", Cause.ENGINE_ERROR),
         ("vllm serve: error: unrecognized arguments: --bogus", Cause.CONFIG_ERROR),
         ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue", Cause.ENGINE_ERROR),
         ("{not json", Cause.UNKNOWN),
@@ -65,3 +71,22 @@ def test_writing_outside_a_pod_is_a_silent_no_op(monkeypatch):
     monkeypatch.delenv("SHOAL_TERMINATION_LOG", raising=False)
     # /dev/termination-log does not exist outside a pod; the failure path must not raise.
     assert write_termination_message(Cause.ENGINE_ERROR, "x", path="/nonexistent-dir/log") is False
+
+
+@pytest.mark.parametrize("rule", TEXT_RULES, ids=lambda r: r.cause.value)
+def test_each_text_rule_matches_its_fault_and_not_its_look_alikes(rule):
+    """The false-positive table: every rule for foreign text has texts it must match and texts
+    it must not, so a permanent cause is never read into a transient fault's words."""
+    assert rule.matches and rule.must_not_match
+    for text in rule.matches:
+        assert rule.pattern.search(text), f"{rule.cause.value} must match: {text!r}"
+        assert classify_text(text) == rule.cause, text
+    for text in rule.must_not_match:
+        assert not rule.pattern.search(text), f"{rule.cause.value} must not match: {text!r}"
+
+
+def test_permanent_text_rules_are_only_the_specific_ones():
+    permanent = [r for r in TEXT_RULES if is_permanent(r.cause)]
+    assert {r.cause for r in permanent} == {Cause.CONFIG_ERROR, Cause.MODEL_NOT_FOUND}
+    for phrase in ("No such file or directory", "does not exist", "ValueError: x must be"):
+        assert not any(r.pattern.search(phrase) for r in permanent), phrase

@@ -87,7 +87,7 @@ def test_start_up_failure_exits_1_with_the_engines_own_error(serve_factory):
     server = serve_factory("--num-gpu-blocks-override", "2")
     assert server.wait_exit(180) == 1
     log = server.log()
-    assert "EngineCore_0" in log and "ValueError" in log and "KV cache holds" in log
+    assert "EngineCore_0" in log and "ConfigError" in log and "KV cache holds" in log
     message = json.loads(server.termination_log.read_text())
     assert message["cause"] == "config_error" and "KV cache holds" in message["message"]
 

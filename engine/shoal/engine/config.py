@@ -1,7 +1,7 @@
 """EngineConfig: the one validated, immutable configuration object of an engine.
 
-Every bad value raises ValueError saying what to change, at construction, before any model
-is loaded. Values the engine derives (the context length from the model, the KV memory budget
+Every bad value raises ConfigError (a ValueError) saying what to change, at construction,
+before any model is loaded. Values the engine derives (the context length from the model, the KV memory budget
 from the environment) are resolved here too, so the object that is passed around is complete.
 This module imports neither torch nor transformers: the frontend process builds and checks a
 config without them.
@@ -14,6 +14,8 @@ import json
 import os
 from pathlib import Path
 
+from shoal.engine.errors import ConfigError, ModelNotFoundError
+
 GiB = 1 << 30
 # vLLM's VLLM_CPU_KVCACHE_SPACE counterpart: the KV cache budget in GiB when no flag is given.
 KV_CACHE_SPACE_ENV = "SHOAL_KV_CACHE_SPACE"
@@ -22,23 +24,23 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _fail(msg: str) -> None:
-    raise ValueError(msg)
+    raise ConfigError(msg)
 
 
 def read_model_config(model: str) -> dict:
-    """config.json of a local model directory, or a ValueError that says what is wrong."""
+    """config.json of a local model directory, or a ModelNotFoundError that says what is wrong."""
     path = Path(model)
     if not path.is_dir():
-        _fail(f"model path {model!r} is not a directory; pass a local Hugging Face model "
-              "directory (make one with `shoal make-model DIR`).")
+        raise ModelNotFoundError(f"model path {model!r} is not a directory; pass a local Hugging "
+                                 "Face model directory (make one with `shoal make-model DIR`).")
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        _fail(f"model directory {model!r} has no config.json; is it a Hugging Face model "
-              "directory? (`shoal make-model DIR` writes one).")
+        raise ModelNotFoundError(f"model directory {model!r} has no config.json; is it a Hugging "
+                                 "Face model directory? (`shoal make-model DIR` writes one).")
     try:
         return json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_file} is not valid JSON: {exc}") from None
+        raise ConfigError(f"{cfg_file} is not valid JSON: {exc}") from None
 
 
 def check_model_readable(model: str) -> None:
@@ -177,7 +179,7 @@ def _kv_bytes_from_env() -> int:
     try:
         gib = float(raw)
     except ValueError:
-        raise ValueError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}.") from None
+        raise ConfigError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}.") from None
     if gib <= 0:
         _fail(f"{KV_CACHE_SPACE_ENV} must be positive (GiB), got {raw!r}.")
     return int(gib * GiB)

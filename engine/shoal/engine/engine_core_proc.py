@@ -39,6 +39,7 @@ from shoal.engine import __version__ as ENGINE_VERSION
 from shoal.engine import wire
 from shoal.engine.codec import MsgpackDecoder, MsgpackEncoder, OutputCodec
 from shoal.engine.core.sched_output import StepOutput
+from shoal.engine.errors import death_cause
 from shoal.engine.wire import (
     PROTOCOL_VERSION,
     EngineCoreOutput,
@@ -101,6 +102,7 @@ class EngineCoreProc:
         self.pending_rejections: list[RequestRejected] = []
         self.shutdown_requested = False
         self.draining = False
+        self.serving = False  # start-up finished: deaths from here on are not start-up faults
         self.ctx = zmq.Context()
 
     # ----- entry -------------------------------------------------------------------------------
@@ -118,6 +120,7 @@ class EngineCoreProc:
             self._wait_for_ack()
             self._build_engine()
             self._send_ready()
+            self.serving = True
             mode = self._busy_loop()
             return self._stop_cleanly(mode)
         except BaseException as exc:  # noqa: BLE001 - every failure must be reported
@@ -362,14 +365,15 @@ class EngineCoreProc:
                 process=failure.process, pid=failure.pid, rank=failure.rank,
                 exc_type=failure.exc_type, message=failure.message,
                 traceback=failure.traceback, hostname=failure.hostname,
-                node_rank=failure.node_rank)
+                node_rank=failure.node_rank, cause=self._rank_failure_cause(failure))
             logger.error("%s: a rank failed, engine is dying: %s", self.name, dead.describe())
         else:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             dead = wire.EngineDead(
                 process=self.name, pid=os.getpid(), rank=self.spec.rank,
                 exc_type=type(exc).__name__, message=str(exc) or repr(exc), traceback=tb,
-                hostname=_socket.gethostname())
+                hostname=_socket.gethostname(),
+                cause=death_cause(exc, serving=self.serving).value)
             logger.error("%s: fatal error, engine is dying: %s\n%s", self.name, dead.describe(),
                          tb)
         self.output_queue.put(("dead", dead))
@@ -378,6 +382,16 @@ class EngineCoreProc:
         write_dead_termination(dead)
         self._stop_executor_after_death()
         return 1
+
+    def _rank_failure_cause(self, failure) -> str:
+        """A worker decided its exception's cause; exits and lost nodes are named here."""
+        from shoal.engine.termination import Cause
+
+        if failure.cause:
+            return failure.cause
+        if failure.exc_type == "NodeLost":
+            return Cause.PEER_LOST.value
+        return (Cause.ENGINE_ERROR if self.serving else Cause.STARTUP_ERROR).value
 
     def _stop_executor_after_death(self) -> None:
         """Workers and headless nodes go down with the engine (they would wait otherwise)."""
@@ -472,20 +486,15 @@ class EngineCoreProc:
 
 def termination_cause(dead: wire.EngineDead):
     """The termination-message cause for a death (shared by the engine and the frontend, which
-    both write the message: the frontend's copy wins in a pod, and they must agree)."""
+    both write the message: the frontend's copy wins in a pod, and they must agree). The dying
+    process decided it (`dead.cause`); an EngineDead the frontend made for an engine that
+    could not send one (killed by a signal) is an engine error."""
     from shoal.engine.termination import Cause
 
-    text = dead.message.lower()
+    if dead.cause:
+        return Cause(dead.cause)
     if dead.exc_type == "NodeLost":
         return Cause.PEER_LOST
-    if dead.exc_type == "PermissionError":  # the model is there (config.check_model_readable)
-        return Cause.STARTUP_ERROR
-    if dead.exc_type in ("MemoryError", "OutOfMemoryError") or "out of memory" in text:
-        return Cause.OUT_OF_MEMORY
-    if dead.exc_type == "FileNotFoundError" or "does not exist" in text:
-        return Cause.MODEL_NOT_FOUND
-    if dead.exc_type == "ValueError":  # EngineConfig / EngineCore refuse bad settings so
-        return Cause.CONFIG_ERROR
     return Cause.ENGINE_ERROR
 
 

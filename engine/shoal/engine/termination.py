@@ -46,6 +46,7 @@ class Cause(str, enum.Enum):
     MODEL_NOT_FOUND = "model_not_found"  # the model path/name does not exist: permanent
     STARTUP_ERROR = "startup_error"  # failed while loading weights or compiling, cause unclear
     SIGNALED = "signaled"  # killed by a signal nobody asked for (set by the operator)
+    STALLED = "stalled"  # not Ready past the start-up deadline (set by the operator)
     UNEXPECTED_EXIT = "unexpected_exit"  # exited (even with 0) when the operator did not ask
     UNKNOWN = "unknown"  # plain text or nothing at all: the message is the log tail
 
@@ -152,21 +153,62 @@ def write_termination_message(
         return False
 
 
-# Plain-text classification for messages that are not ours (stock vLLM, log tails).
-_TEXT_RULES: list[tuple[re.Pattern, Cause]] = [
-    (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I), Cause.OUT_OF_MEMORY),
-    (re.compile(r"(NCCL|Gloo|collective|watchdog).{0,80}(timeout|timed out)", re.I | re.S), Cause.COLLECTIVE_TIMEOUT),
-    (re.compile(r"(No such file or directory|does not exist|not a local folder|Repository Not Found|is not a valid model)", re.I), Cause.MODEL_NOT_FOUND),
-    (re.compile(r"(unrecognized arguments|invalid choice|error: argument|ValueError: .*(must|invalid))", re.I), Cause.CONFIG_ERROR),
-    (re.compile(r"EngineDeadError|EngineCore.{0,40}(died|failed)|Traceback", re.I), Cause.ENGINE_ERROR),
-]
+# Plain-text classification for messages that are not ours: stock vLLM images write no
+# termination message, so the kubelet's log tail (FallbackToLogsOnError) is all there is. Shoal's
+# own engine states its cause (errors.death_cause) and never goes through these rules.
+# Permanent causes need a rule that only the permanent fault produces (argparse's own line,
+# Hugging Face's "not a valid model identifier"), never a generic phrase: "No such file or
+# directory" is also a missing /dev/shm/nccl-* segment, and a ValueError is also a bad batch.
+# Each rule carries texts it must match and texts it must not (tests/operator/test_op_termination.py).
+@dataclass(frozen=True)
+class TextRule:
+    pattern: re.Pattern
+    cause: Cause
+    matches: tuple[str, ...]
+    must_not_match: tuple[str, ...]
+
+
+TEXT_RULES: tuple[TextRule, ...] = (
+    TextRule(re.compile(r"out of memory|OutOfMemoryError", re.I), Cause.OUT_OF_MEMORY,
+             ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+              "RuntimeError: CUDA error: out of memory"),
+             ("INFO: GPU KV cache usage: 93.0%", "INFO: # CPU blocks: 7281, memory 1.0 GiB")),
+    TextRule(re.compile(r"(NCCL|Gloo|collective|watchdog).{0,80}(timeout|timed out)", re.I | re.S),
+             Cause.COLLECTIVE_TIMEOUT,
+             ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)",
+              "torch.distributed.DistBackendError: NCCL communicator was aborted: timed out"),
+             ("INFO: NCCL version 2.21.5+cuda12.4", "httpx.ReadTimeout: request timed out")),
+    TextRule(re.compile(r"is not a local folder and is not a valid model identifier|"
+                        r"Repository Not Found for url|Incorrect path_or_model_id"),
+             Cause.MODEL_NOT_FOUND,
+             ("OSError: /models/llama is not a local folder and is not a valid model identifier "
+              "listed on 'https://huggingface.co/models'",
+              "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not "
+              "Found for url: https://huggingface.co/api/models/x/y"),
+             ("FileNotFoundError: [Errno 2] No such file or directory: '/dev/shm/nccl-Xk2b'",
+              "ValueError: path /tmp/cache/segment-3 does not exist")),
+    TextRule(re.compile(r"(?m)^[\w. /-]+: error: (unrecognized arguments|argument |"
+                        r"the following arguments are required)|validation errors? for \w*Config\b"),
+             Cause.CONFIG_ERROR,
+             ("usage: vllm serve [-h] ...\nvllm serve: error: unrecognized arguments: "
+              "--shutdown-timeout 30",
+              "api_server.py: error: argument --dtype: invalid choice: 'fp7'",
+              "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"),
+             ("ValueError: max_tokens must be at least 1, got 0",
+              "ERROR: request 7: error: argument list too long for the tokenizer")),
+    TextRule(re.compile(r"EngineDeadError|EngineCore.{0,40}(died|failed)|Traceback", re.I),
+             Cause.ENGINE_ERROR,
+             ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+              "Traceback (most recent call last):\n  File \"x.py\""),
+             ("INFO: EngineCore started in 4.2 s",)),
+)
 
 
 def classify_text(text: str) -> Cause:
     """Best-effort cause for free text; UNKNOWN when nothing matches."""
-    for pattern, cause in _TEXT_RULES:
-        if pattern.search(text):
-            return cause
+    for rule in TEXT_RULES:
+        if rule.pattern.search(text):
+            return rule.cause
     return Cause.UNKNOWN
 
 

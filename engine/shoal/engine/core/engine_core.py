@@ -17,6 +17,7 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.core.request import Request, RequestStatus
 from shoal.engine.core.sched_output import StepOutput
 from shoal.engine.core.scheduler import Scheduler
+from shoal.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class EngineCore:
         capacity = (self.num_blocks - 1) * self.block_size
         if capacity < config.max_model_len:
             self.model_executor.shutdown()
-            raise ValueError(
+            raise ConfigError(
                 f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of "
                 f"{self.block_size}), fewer than max_model_len={config.max_model_len}: one "
                 "request could never finish. Raise the KV budget (kv_cache_memory_bytes / "

@@ -40,8 +40,20 @@ def parse_bytes(text: str) -> int:
     return int(value * 1024 ** " kmgt".index(unit or " "))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that also leaves the termination message: a bad flag is a config error the
+    operator must see (and not restart), not an exit 2 with nothing said."""
+
+    def error(self, message: str):
+        from shoal.engine.termination import Cause, write_termination_message
+
+        write_termination_message(Cause.CONFIG_ERROR, f"{self.prog}: error: {message}",
+                                  exit_code=2)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="shoal serve",
         description="Serve a local Hugging Face causal LM over an OpenAI-compatible HTTP API "
                     "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
@@ -116,12 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config_error(message: str) -> int:
+def _config_error(message: str, cause=None) -> int:
     from shoal.engine.termination import Cause, write_termination_message
 
     logger.error("configuration error: %s", message)
     print(f"shoal serve: error: {message}", file=sys.stderr)
-    write_termination_message(Cause.CONFIG_ERROR, message, exit_code=2)
+    write_termination_message(cause or Cause.CONFIG_ERROR, message, exit_code=2)
     return 2
 
 
@@ -169,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             num_threads=args.num_threads, tensor_parallel_size=args.tensor_parallel_size,
             nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
             master_port=args.master_port)
-    except ValueError as exc:
-        return _config_error(str(exc))
+    except ValueError as exc:  # errors.ConfigError: known at start-up, permanent
+        from shoal.engine.errors import ModelNotFoundError
+        from shoal.engine.termination import Cause
+
+        return _config_error(str(exc), Cause.MODEL_NOT_FOUND
+                             if isinstance(exc, ModelNotFoundError) else Cause.CONFIG_ERROR)
     if args.headless:
         from shoal.engine.executor.headless import run_headless
 

@@ -97,13 +97,16 @@ def raised_in_collective(exc: BaseException) -> bool:
     return any(marker in frame.filename for frame in traceback.extract_tb(exc.__traceback__))
 
 
-def rank_failure(exc: BaseException, rank: int, node_rank: int) -> RankFailure:
+def rank_failure(exc: BaseException, rank: int, node_rank: int, serving: bool) -> RankFailure:
+    from shoal.engine.errors import death_cause
+
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RankFailure(rank=rank, node_rank=node_rank, process=f"Worker_rank{rank}",
                        pid=os.getpid(), hostname=socket.gethostname(),
                        exc_type=type(exc).__name__, message=str(exc) or repr(exc),
                        traceback=tb[-TRACEBACK_TAIL_BYTES:],
-                       in_collective=raised_in_collective(exc))
+                       in_collective=raised_in_collective(exc),
+                       cause=death_cause(exc, serving=serving).value)
 
 
 class WorkerProc:
@@ -111,6 +114,7 @@ class WorkerProc:
         self.spec = spec
         self.rank = spec.rank
         self.worker = None
+        self.serving = False  # a step ran: failures from here on are not start-up failures
         self.fault_after: int | None = None  # steps until an armed test fault fires
         self.fault_message = ""
         self._arm_fault(os.environ.get(WORKER_FAULT_ENV, ""))
@@ -124,7 +128,7 @@ class WorkerProc:
             self.receiver = StepReceiver(self.spec.broadcast, self.spec.local_reader)
             self._start()
         except BaseException as exc:  # noqa: BLE001 - every start-up failure is reported
-            failure = rank_failure(exc, self.rank, self.spec.node_rank)
+            failure = rank_failure(exc, self.rank, self.spec.node_rank, serving=False)
             log.error("rank %d: start-up failed: %s", self.rank, failure.describe())
             self._reply(STARTUP_CALL_ID, failure=failure)
             self.replies.close(linger=5000)
@@ -165,10 +169,11 @@ class WorkerProc:
                 self._reply(call.call_id, result=encoder.encode(None))
                 self.replies.close(linger=2000)
                 return 0
+            self.serving = self.serving or call.method == "execute_model"
             try:
                 result = self._call(call)
             except Exception as exc:  # noqa: BLE001 - the EngineCore fails the step with it
-                failure = rank_failure(exc, self.rank, self.spec.node_rank)
+                failure = rank_failure(exc, self.rank, self.spec.node_rank, self.serving)
                 log.error("rank %d: %s failed: %s", self.rank, call.method, failure.describe())
                 self._reply(call.call_id, failure=failure)
                 continue
