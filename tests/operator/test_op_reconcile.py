@@ -133,3 +133,44 @@ def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, k
     r.reconcile(body)
     assert "lim-g0-r0" in pods(kube, ns, "lim"), "the failed pod is kept for its logs"
     assert ie(kube, ns, "lim")["status"]["groups"][0]["phase"] == "Failed"
+
+
+def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_ns, kube):
+    """A rank that never becomes Ready (here: its image never pulls) is a failure with cause
+    `stalled` once engine.startupTimeoutSeconds + STALL_MARGIN_SECONDS have passed since the
+    group was created; until then the waiting reason is in the group's message and an Event,
+    and the pass plans its next look at the deadline."""
+    import datetime as dt
+
+    from op_support import events
+    from shoal.operator.observed import STALL_MARGIN_SECONDS
+
+    ns = quiet_ns
+    body = create_ie(kube, engine("stall", ns).set(engine={"startupTimeoutSeconds": 60}).manifest())
+    clock = {"now": dt.datetime.now(dt.timezone.utc)}
+    r = Reconciler(Kube(control_plane.api_client()), clock=lambda: clock["now"])
+    r.reconcile(body)
+    pod = wait_for(lambda: pods(kube, ns, "stall").get("stall-g0-r0"), timeout=10, what="rank 0")
+    kube.request("PATCH", f"/api/v1/namespaces/{ns}/pods/stall-g0-r0/status", content_type="application/merge-patch+json",
+                 body={"status": {"phase": "Pending", "containerStatuses": [{
+                     "name": L.ENGINE_CONTAINER, "image": "shoal:nope", "imageID": "", "ready": False,
+                     "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                              "message": 'Back-off pulling image "shoal:nope"'}}}]}})
+    created = dt.datetime.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=dt.timezone.utc)
+    limit = 60 + STALL_MARGIN_SECONDS
+
+    clock["now"] = created + dt.timedelta(seconds=limit - 5)
+    out = r.reconcile(body)
+    g = ie(kube, ns, "stall")["status"]["groups"][0]
+    assert g["phase"] == "Starting" and "rank 0: ImagePullBackOff" in g["message"], g
+    assert 4 <= out.requeue_after <= 5, out.requeue_after  # the next look is at the deadline
+    assert "ImagePullBackOff" in events(kube, ns, "RankWaiting")[0]["message"]
+
+    clock["now"] = created + dt.timedelta(seconds=limit + 1)
+    r.reconcile(body)
+    st = ie(kube, ns, "stall")["status"]
+    assert st["lastFailure"]["cause"] == "stalled" and st["lastFailure"]["permanent"] is False
+    assert "ImagePullBackOff" in st["lastFailure"]["message"] and f"limit {limit}s" in st["lastFailure"]["message"]
+    assert st["groups"][0]["phase"] == "BackingOff" and st["restartCount"] == 1
+    assert len(events(kube, ns, "RankWaiting")) == 1, "one Event per change of the waiting reason"

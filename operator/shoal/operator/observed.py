@@ -88,3 +88,46 @@ def no_empty_strings(obj):
 def status_differs(old: dict, new: dict) -> bool:
     """Status changed, ignoring keys that only the operator's clock moves."""
     return {k: old.get(k) for k in new} != new
+
+
+# How long past engine.startupTimeoutSeconds a group may stay not Ready before it is stalled:
+# the startup probe counts from the container's start; scheduling and the image pull come first.
+STALL_MARGIN_SECONDS = 120
+
+
+def waiting_reason(pod: dict) -> str:
+    """Why a pod is not running yet, as the kubelet or scheduler said it (ImagePullBackOff,
+    CrashLoopBackOff, Unschedulable, ...), with its message; "" when nothing is said."""
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+            return f"{waiting['reason']}: {waiting.get('message', '')[:160]}".strip(": ")
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason"):
+            return f"{c['reason']}: {c.get('message', '')[:160]}".strip(": ")
+    return ""
+
+
+def stalled(st: PassState, g: int, pods: dict[int, dict], startup_timeout: int) -> Failure | None:
+    """A group whose ranks are not all Ready long after it was created (stuck Pending, an image
+    that never pulls, a headless rank that never joins): cause `stalled`, restarted like a death.
+    Plans a pass at the deadline when it has not come yet."""
+    created = [parse_time(p["metadata"].get("creationTimestamp")) for p in pods.values()]
+    created = [c for c in created if c]
+    if not created:
+        return None
+    limit = startup_timeout + STALL_MARGIN_SECONDS
+    deadline = min(created) + dt.timedelta(seconds=limit)
+    if st.now < deadline:
+        st.requeue((deadline - st.now).total_seconds())
+        return None
+    rank, pod = next((r, p) for r, p in sorted(pods.items()) if not pod_ready(p))
+    why = waiting_reason(pod) or f"pod phase {(pod.get('status') or {}).get('phase') or 'Pending'}"
+    return Failure(group=g, rank=rank, pod=pod["metadata"]["name"],
+                   uid=f"stalled-{pod['metadata'].get('uid')}", node=(pod.get("spec") or {}).get("nodeName") or "",
+                   exit_code=None, signal=None, reason="Stalled", cause="stalled", permanent=False,
+                   message=f"rank {rank} not Ready {int((st.now - min(created)).total_seconds())}s after "
+                           f"its group was created (limit {limit}s: engine.startupTimeoutSeconds "
+                           f"+ {STALL_MARGIN_SECONDS}s); {why}",
+                   time=iso(deadline))

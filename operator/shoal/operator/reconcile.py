@@ -38,8 +38,10 @@ from shoal.operator.observed import (
     ranks_status,
     ref,
     revision_of,
+    stalled,
     status_differs,
     vanished,
+    waiting_reason,
 )
 from shoal.operator.shutdown import OrderedStop
 from shoal.operator.status import summarize
@@ -262,6 +264,9 @@ class Reconciler(OrderedStop):
         if death is None and pods and mem.get("phase") == "Ready" and len(pods) < nodes and not any(
                 is_stopping(p) for p in pods.values()):
             death = vanished(st, g, mem, pods, nodes)
+        if death is None and pods and mem.get("phase") == "Starting" and not any(
+                is_stopping(p) for p in pods.values()) and not all(pod_ready(p) for p in pods.values()):
+            death = stalled(st, g, pods, int((spec.get("engine") or {}).get("startupTimeoutSeconds", 1200)))
         if death and death.key != mem.get("failureKey"):
             return self._on_death(st, g, mem, pods, death)
 
@@ -309,7 +314,11 @@ class Reconciler(OrderedStop):
                 mem["restarts"] = 0
         else:
             ready = sum(pod_ready(p) for p in pods.values())
-            mem.update(phase="Starting", message=f"{ready}/{nodes} ranks ready")
+            waiting = [f"rank {r}: {w}" for r, p in sorted(pods.items()) if (w := waiting_reason(p))]
+            message = f"{ready}/{nodes} ranks ready" + (f"; {'; '.join(waiting)}" if waiting else "")
+            if waiting and message != mem.get("message"):  # Pending reasons, once per change
+                events.emit(self.kube, st.body, events.WARNING, "RankWaiting", f"group {g}: {'; '.join(waiting)}")
+            mem.update(phase="Starting", message=message)
             mem.pop("readySince", None)
         return mem
 
