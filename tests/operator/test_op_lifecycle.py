@@ -265,6 +265,31 @@ def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(k
     assert condition(ie(kube, ns, "dr"), "EngineDead")["status"] == "False"
 
 
+def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, ns):
+    """The dead group's ranks are deleted gracefully (bound pods: the object stays until the
+    kubelet saw the container stop), and no replacement is created while an old pod of the
+    same name is still there, even after the backoff is due."""
+    create_ie(kube, engine("gw", ns).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
+    for name in _wait_pods(kube, ns, "gw", 2):
+        bind(kube, ns, name)
+    _ready_all(kube, ns, "gw")
+    wait_for(lambda: _status(kube, ns, "gw").get("phase") == "Ready", timeout=10)
+    old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "gw").items()}
+    terminate(kube, ns, "gw-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    # The dead rank 0 (nothing runs in it) goes at once; the live rank 1 gets SIGTERM and 10 s.
+    r1 = wait_for(lambda: (lambda p: p if p and p["metadata"].get("deletionTimestamp") else None)(
+        pods(kube, ns, "gw").get("gw-g0-r1")), timeout=10, what="rank 1 stopping")
+    assert r1["metadata"]["deletionGracePeriodSeconds"] == 10
+    wait_for(lambda: "gw-g0-r0" not in pods(kube, ns, "gw"), timeout=10, what="the dead rank 0 gone")
+    # The 1 s backoff is long due: still no replacement while rank 1's old pod is there.
+    _holds_for(lambda: set(pods(kube, ns, "gw")) == {"gw-g0-r1"}
+               and pods(kube, ns, "gw")["gw-g0-r1"]["metadata"]["uid"] == old["gw-g0-r1"],
+               seconds=3, what="no replacement beside an old rank")
+    finish_deletion(kube, ns, "gw-g0-r1")  # the kubelet: rank 1's container stopped
+    got = _wait_pods(kube, ns, "gw", 2)
+    assert all(p["metadata"]["uid"] != old[n] for n, p in got.items())
+
+
 def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, ns):
     create_ie(kube, engine("pe", ns).ranks(2).restart(backoffBaseSeconds=1).manifest())
     _wait_pods(kube, ns, "pe", 2)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from shoal.operator import events, render
 from shoal.operator import labels as L
 from shoal.operator.backoff import restart_delay, restarts_exhausted
-from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
+from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause, terminated_state
 from shoal.operator.kube import PLURALS, Kube
 from shoal.operator.observed import (
     PassState,
@@ -50,6 +50,12 @@ from shoal.operator.validation import spec_problems
 log = logging.getLogger("shoal.operator.reconcile")
 
 SINGLETON_CACHE_SECONDS = 60.0
+# A dead group's live ranks get SIGTERM and this long before SIGKILL (not their drain grace:
+# there is nothing left to drain).
+DEAD_GROUP_GRACE_SECONDS = 10
+# A pod still there this long after its grace ran out is on a node that does not answer: its
+# object is removed (grace 0) so that the group can come back elsewhere.
+FORCE_AFTER_SECONDS = 30
 
 
 @dataclass
@@ -273,16 +279,17 @@ class Reconciler(OrderedStop):
         phase = mem.get("phase")
         if phase == "Failed":
             if revision_of(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
-                # The spec changed since the permanent failure: try again from scratch.
-                self._teardown(st, pods, grace=0)
-                mem.update(phase="Pending", restarts=0, message="spec changed; recreating")
-                mem.pop("nextRestartTime", None)
+                # The spec changed since the permanent failure: try again from scratch, once
+                # the old pods are gone (the BackingOff step below, due at once).
+                self._teardown_dead(st, pods)
+                mem.update(phase="BackingOff", restarts=0, nextRestartTime=iso(st.now),
+                           message="spec changed; recreating")
                 if not pods:
                     return self._create(st, g, mem)
             return mem
         if phase == "BackingOff":
-            if pods:
-                self._teardown(st, pods, grace=0)
+            if pods:  # the old ranks are still stopping: no replacement starts beside them
+                self._teardown_dead(st, pods)
                 return mem
             due = parse_time(mem.get("nextRestartTime"))
             if due and st.now < due:
@@ -341,7 +348,7 @@ class Reconciler(OrderedStop):
             events.emit(self.kube, st.body, events.WARNING, "RestartSkipped",
                         f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
             # Keep the failed pod for its logs; stop the ranks that are still running.
-            self._teardown(st, {r: p for r, p in pods.items() if failure_of(p) is None}, grace=0)
+            self._teardown_dead(st, {r: p for r, p in pods.items() if failure_of(p) is None})
             return mem
         restarts += 1
         delay = restart_delay(restarts, int(rp.get("backoffBaseSeconds", 10)), int(rp.get("backoffMaxSeconds", 300)))
@@ -351,7 +358,7 @@ class Reconciler(OrderedStop):
         events.emit(self.kube, st.body, events.NORMAL, "GroupRestarting",
                     f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
         # A tensor-parallel group with a dead rank cannot continue: all ranks go at once.
-        self._teardown(st, pods, grace=0)
+        self._teardown_dead(st, pods)
         st.requeue(delay)
         return mem
 
@@ -375,10 +382,25 @@ class Reconciler(OrderedStop):
 
     def _teardown(self, st: PassState, pods: dict[int, dict], grace: int | None) -> None:
         for p in pods.values():
-            # A pod already stopping is left alone, unless it must now go faster (grace 0).
-            if not is_stopping(p) or (grace == 0 and p["metadata"].get("deletionGracePeriodSeconds") != 0):
+            # A pod already stopping is left alone, unless it must now go faster.
+            current = p["metadata"].get("deletionGracePeriodSeconds")
+            if not is_stopping(p) or (grace is not None and (current is None or current > grace)):
                 self.kube.delete("v1", "pods", p["metadata"]["namespace"], p["metadata"]["name"],
                                  grace_seconds=grace, uid=p["metadata"].get("uid"))
+
+    def _teardown_dead(self, st: PassState, pods: dict[int, dict]) -> None:
+        """Stop a dead group's ranks so that no replacement of the same name can start while an
+        old process still runs: SIGTERM with DEAD_GROUP_GRACE_SECONDS, the pod object staying
+        until the kubelet saw its container stop (the replacement waits for the object to go).
+        Grace 0 only where nothing runs any more (the container terminated) or where the grace
+        ran out FORCE_AFTER_SECONDS ago (a node that no longer answers)."""
+        for r, p in pods.items():
+            gone_at = parse_time(p["metadata"].get("deletionTimestamp"))
+            overdue = gone_at is not None and st.now >= gone_at + dt.timedelta(seconds=FORCE_AFTER_SECONDS)
+            ended = terminated_state(p) is not None
+            self._teardown(st, {r: p}, grace=0 if ended or overdue else DEAD_GROUP_GRACE_SECONDS)
+            if gone_at is not None and not (ended or overdue):
+                st.requeue((gone_at + dt.timedelta(seconds=FORCE_AFTER_SECONDS) - st.now).total_seconds())
 
     # ---- ordered stop: rank 0 drains first, headless ranks stay until it is gone -----------
 
