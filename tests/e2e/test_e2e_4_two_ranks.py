@@ -33,6 +33,11 @@ def _greedy(url: str) -> list[str]:
             .choices[0].text for p in PROMPTS]
 
 
+def _engine_terminated(pod: dict) -> bool:
+    return any((cs.get("state") or {}).get("terminated") and cs["name"] == "engine"
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new_ns):
     ns = new_ns("e2e-tp2")
     f32 = ["--dtype", "float32"]
@@ -53,6 +58,7 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
 
     # Kill the headless rank's engine process (tini, PID 1, then exits with 137).
     uids = {r: p["metadata"]["uid"] for r, p in ranks.items()}
+    restart_log = WatchLog.pods(cluster.api_client(), ns, "shoal.dev/engine=tp2").start()
     kill = ("import os, signal\n"
             "[os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and "
             "int(p) not in (1, os.getpid()) and b'serve' in open(f'/proc/{p}/cmdline', 'rb').read()]\n")
@@ -70,6 +76,17 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
         return sorted(now) == ["0", "1"] and all(now[r] != uids[r] for r in now)
 
     wait_for(both_recreated, timeout=180, interval=0.5, what="both ranks recreated")
+    restart_log.stop()
+    # No replacement started beside an old rank of the same name: each old pod's object went
+    # only after the kubelet saw its engine container stop, and its successor came after that.
+    for rank in ("0", "1"):
+        name = f"tp2-g0-r{rank}"
+        evs = restart_log.of(name)
+        old_gone = next(e.at for e in evs if e.type == "DELETED" and e.obj["metadata"]["uid"] == uids[rank])
+        old_ended = next((e.at for e in evs if e.obj["metadata"]["uid"] == uids[rank]
+                          and _engine_terminated(e.obj)), None)
+        new_added = next(e.at for e in evs if e.type == "ADDED" and e.obj["metadata"]["uid"] != uids[rank])
+        assert old_ended is not None and old_ended <= old_gone <= new_added, (rank, old_ended, old_gone, new_added)
     st = wait_ready(cluster, ns, "tp2", "1/1")
     assert st["restartCount"] == 1
     wait_serving(tp2_url)
@@ -87,11 +104,7 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
     def first(rank: str, pred) -> float | None:
         return next((e.at for e in log.of(f"tp2-g0-r{rank}") if pred(e.obj)), None)
 
-    def engine_terminated(pod: dict) -> bool:
-        return any((cs.get("state") or {}).get("terminated") and cs["name"] == "engine"
-                   for cs in (pod.get("status") or {}).get("containerStatuses") or [])
-
-    r0_ended = first("0", engine_terminated)
+    r0_ended = first("0", _engine_terminated)
     r1_asked = first("1", lambda p: p["metadata"].get("deletionTimestamp"))
     assert r0_ended is not None and r1_asked is not None, [(e.type, e.obj["metadata"]["name"])
                                                            for e in log.events]
