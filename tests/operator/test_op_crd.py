@@ -60,3 +60,22 @@ def test_scale_and_status_subresources_and_printer_columns():
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Phase", "Model", "Endpoint", "Age"]
+
+
+def test_every_default_is_defined_once_in_spec_py():
+    """The schema's defaults are spec.DEFAULTS (what the operator falls back on), and each
+    field's description names the same value."""
+    from shoal.operator.spec import DEFAULTS, EngineSpec
+
+    props = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for path, value in DEFAULTS.items():
+        node = props
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node[key]["properties"]
+        assert node[leaf]["default"] == value, path
+        assert f"Default: `{value}`" in node[leaf]["description"], path
+    empty = EngineSpec.of({"spec": {"model": "/m"}})
+    assert (empty.replicas, empty.shutdown_timeout_seconds, empty.restart.backoff_base_seconds,
+            empty.served_model_name) == (DEFAULTS["replicas"], DEFAULTS["shutdown.timeoutSeconds"],
+                                         DEFAULTS["restartPolicy.backoffBaseSeconds"], "/m")

@@ -19,6 +19,8 @@ import sys
 
 import yaml
 from shoal.operator.labels import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from shoal.operator.phases import GroupPhase, Phase
+from shoal.operator.spec import DEFAULTS
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 FILE_NAME = f"{CRD_NAME}.yaml"
@@ -28,8 +30,8 @@ OUTPUTS = (REPO_ROOT / "crds" / FILE_NAME, REPO_ROOT / "charts" / "shoal" / "crd
 # Enums named by behaviour (LWS style).
 RESTART_POLICIES = ["RecreateGroupOnFailure", "Never"]
 RUNTIMES = ["Shoal", "VLLM"]
-PHASES = ["Pending", "Progressing", "Ready", "Degraded", "Failed", "Terminating"]
-GROUP_PHASES = ["Pending", "Starting", "Ready", "Failed", "BackingOff", "Draining", "Updating"]
+PHASES = [p.value for p in Phase]
+GROUP_PHASES = [p.value for p in GroupPhase]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EngineDead", "SpecValid"]
 
 
@@ -91,37 +93,37 @@ def spec_schema() -> dict:
                                   "`model` field. Example: `llama-3-8b`. Default: the value of `model`."),
             "image": _s("string", "image is the container image of engines and frontends. Example: "
                         "`ghcr.io/shoal-dev/shoal:0.1.0`. Default: `ghcr.io/shoal-dev/shoal:0.1.0`.",
-                        default="ghcr.io/shoal-dev/shoal:0.1.0", minLength=1),
+                        default=DEFAULTS["image"], minLength=1),
             "imagePullPolicy": _s("string", "imagePullPolicy as in a Pod. Example: `Always`. "
                                   "Default: `IfNotPresent`.", enum=["Always", "IfNotPresent", "Never"],
-                                  default="IfNotPresent"),
+                                  default=DEFAULTS["imagePullPolicy"]),
             "runtime": _s("string", "runtime says which command line the pods run: `Shoal` runs "
                           "`shoal serve`, `VLLM` runs stock `vllm serve` with the same vLLM flag names "
                           "(frontends then need a Shoal image). Example: `VLLM`. Default: `Shoal`.",
-                          enum=RUNTIMES, default="Shoal"),
+                          enum=RUNTIMES, default=DEFAULTS["runtime"]),
             "replicas": _s("integer", "replicas is the number of engine groups; each group is one "
                            "complete model instance (one EngineCore) made of `nodesPerGroup` pods. "
                            "Driven by the scale subresource (HPA/KEDA). Example: `3`. Default: `1`.",
-                           minimum=0, maximum=1000, default=1, format="int32"),
+                           minimum=0, maximum=1000, default=DEFAULTS["replicas"], format="int32"),
             "tensorParallelSize": _s("integer", "tensorParallelSize is the tensor-parallel degree of "
                                      "one group, over all its pods (vLLM's `--tensor-parallel-size`); it "
                                      "must be a multiple of `nodesPerGroup`. Example: `16` for two pods "
-                                     "of eight GPUs. Default: `1`.", minimum=1, maximum=1024, default=1,
+                                     "of eight GPUs. Default: `1`.", minimum=1, maximum=1024, default=DEFAULTS["tensorParallelSize"],
                                      format="int32"),
             "nodesPerGroup": _s("integer", "nodesPerGroup is the number of pods (ranks) per group: rank "
                                 "0 runs the EngineCore and its local workers, ranks 1..N-1 run "
                                 "`--headless` workers. Example: `2`. Default: `1`.", minimum=1,
-                                maximum=64, default=1, format="int32"),
+                                maximum=64, default=DEFAULTS["nodesPerGroup"], format="int32"),
             "masterPort": _s("integer", "masterPort is the torch.distributed port on rank 0 that the "
                              "other ranks join (vLLM's `--master-port`). Example: `29500`. Default: "
-                             "`29500`.", minimum=1024, maximum=65535, default=29500, format="int32"),
+                             "`29500`.", minimum=1024, maximum=65535, default=DEFAULTS["masterPort"], format="int32"),
             "frontend": _obj(
                 "frontend configures the OpenAI-compatible HTTP frontends (a Deployment behind the "
                 "ClusterIP Service on port 8000) that route requests to ready engine groups. "
                 "Default: one frontend.",
                 {
                     "replicas": _s("integer", "replicas is the number of frontend pods. Example: `2`. "
-                                   "Default: `1`.", minimum=0, maximum=100, default=1, format="int32"),
+                                   "Default: `1`.", minimum=0, maximum=100, default=DEFAULTS["frontend.replicas"], format="int32"),
                     "image": _s("string", "image of the frontend pods. Example: "
                                 "`ghcr.io/shoal-dev/shoal:0.1.0`. Default: `spec.image` (set it when "
                                 "`runtime` is `VLLM`: frontends always run `shoal serve`)."),
@@ -140,7 +142,7 @@ def spec_schema() -> dict:
                     "startupTimeoutSeconds": _s("integer", "startupTimeoutSeconds is how long rank 0 "
                                                 "may take to load weights and answer /health before "
                                                 "the group counts as failed. Example: `1800`. Default: "
-                                                "`1200`.", minimum=10, maximum=86400, default=1200,
+                                                "`1200`.", minimum=10, maximum=86400, default=DEFAULTS["engine.startupTimeoutSeconds"],
                                                 format="int32"),
                 },
                 default={},
@@ -152,7 +154,7 @@ def spec_schema() -> dict:
                 {
                     "mountPath": _s("string", "mountPath is where the volume appears in the engine "
                                     "containers. Example: `/models`. Default: `/models`.",
-                                    default="/models", pattern="^/"),
+                                    default=DEFAULTS["modelVolume.mountPath"], pattern="^/"),
                     "volume": _obj("volume is a Kubernetes volume source (any of `persistentVolumeClaim`, "
                                    "`hostPath`, `nfs`, `csi`, ...), as in a Pod's `volumes[]` without "
                                    "`name`. Example: `{persistentVolumeClaim: {claimName: models}}`.",
@@ -168,7 +170,7 @@ def spec_schema() -> dict:
                                          "in-flight requests (passed as `--shutdown-timeout`); `0` "
                                          "aborts them at once. terminationGracePeriodSeconds is this "
                                          "plus a margin. Example: `120`. Default: `30`.", minimum=0,
-                                         maximum=86400, default=30, format="int32"),
+                                         maximum=86400, default=DEFAULTS["shutdown.timeoutSeconds"], format="int32"),
                 },
                 default={},
             ),
@@ -181,22 +183,22 @@ def spec_schema() -> dict:
                     "policy": _s("string", "policy: `RecreateGroupOnFailure` recreates every pod of "
                                  "the group, `Never` leaves a failed group down. Example: `Never`. "
                                  "Default: `RecreateGroupOnFailure`.", enum=RESTART_POLICIES,
-                                 default="RecreateGroupOnFailure"),
+                                 default=DEFAULTS["restartPolicy.policy"]),
                     "backoffBaseSeconds": _s("integer", "backoffBaseSeconds is the delay before the "
                                              "first restart; it doubles on every further restart. "
                                              "Example: `5`. Default: `10`.", minimum=0, maximum=3600,
-                                             default=10, format="int32"),
+                                             default=DEFAULTS["restartPolicy.backoffBaseSeconds"], format="int32"),
                     "backoffMaxSeconds": _s("integer", "backoffMaxSeconds caps the delay. Example: "
                                             "`600`. Default: `300`.", minimum=0, maximum=86400,
-                                            default=300, format="int32"),
+                                            default=DEFAULTS["restartPolicy.backoffMaxSeconds"], format="int32"),
                     "maxRestarts": _s("integer", "maxRestarts is how many consecutive restarts of one "
                                       "group are allowed before it is left Failed; `0` means no limit. "
                                       "Example: `5`. Default: `10`.", minimum=0, maximum=100000,
-                                      default=10, format="int32"),
+                                      default=DEFAULTS["restartPolicy.maxRestarts"], format="int32"),
                     "resetAfterSeconds": _s("integer", "resetAfterSeconds: a group that stayed Ready "
                                             "this long has its consecutive-restart count and backoff "
                                             "reset. Example: `3600`. Default: `600`.", minimum=0,
-                                            maximum=604800, default=600, format="int32"),
+                                            maximum=604800, default=DEFAULTS["restartPolicy.resetAfterSeconds"], format="int32"),
                 },
                 default={},
             ),

@@ -31,7 +31,7 @@ ANNOTATION_STOP_REQUESTED = "shoal.dev/stop-requested"  # the operator asked thi
 
 # Ports.
 HTTP_PORT = 8000
-DEFAULT_MASTER_PORT = 29500
+DEFAULT_MASTER_PORT = 29500  # = spec.DEFAULTS["masterPort"] (the engines' default too)
 
 # Container names.
 ENGINE_CONTAINER = "engine"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from shoal.operator import labels as L
 from shoal.operator.failures import Failure, is_stopping
+from shoal.operator.spec import EngineSpec
 
 
 def iso(t: dt.datetime) -> str:
@@ -30,6 +31,7 @@ def pod_ready(pod: dict) -> bool:
 @dataclass
 class PassState:
     body: dict
+    spec: EngineSpec
     now: dt.datetime
     rev: str
     old_status: dict

@@ -43,7 +43,9 @@ from shoal.operator.observed import (
     vanished,
     waiting_reason,
 )
+from shoal.operator.phases import GroupPhase
 from shoal.operator.shutdown import OrderedStop
+from shoal.operator.spec import EngineSpec
 from shoal.operator.status import summarize
 from shoal.operator.validation import spec_problems
 
@@ -139,13 +141,14 @@ class Reconciler(OrderedStop):
         old_status = body.get("status") or {}
         deleting = bool(meta.get("deletionTimestamp"))
         problems = spec_problems(name, spec)
-        replicas = 0 if deleting else int(spec.get("replicas", 1))
+        es = EngineSpec.of(body)
+        replicas = 0 if deleting else es.replicas
         rev = render.engine_revision(spec)
-        st = PassState(body=body, now=now, rev=rev, old_status=old_status,
+        st = PassState(body=body, spec=es, now=now, rev=rev, old_status=old_status,
                         last_failure=old_status.get("lastFailure"),
                         restart_count=int(old_status.get("restartCount", 0)), deleting=deleting,
                         serving={int(g["index"]) for g in old_status.get("groups") or []
-                                 if g.get("phase") == "Ready" and int(g["index"]) < replicas})
+                                 if g.get("phase") == GroupPhase.READY and int(g["index"]) < replicas})
 
         pods = self.kube.list("v1", "pods", ns, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}")
         pods = [p for p in pods if owned_by(p, meta.get("uid"))]
@@ -177,7 +180,7 @@ class Reconciler(OrderedStop):
                 new = self._group(st, g, mem, gpods, replicas)
             if new is not None:
                 seen = {**by_group.get(g, {}), **st.created.get(g, {})}
-                new["ranks"] = ranks_status(seen if new.get("phase") != "BackingOff" else {})
+                new["ranks"] = ranks_status(seen if new.get("phase") != GroupPhase.BACKING_OFF else {})
                 groups.append(new)
 
         # Rolling update: at most one group stops for an update at a time, and only when every
@@ -185,7 +188,7 @@ class Reconciler(OrderedStop):
         if not problems and not deleting:
             self._roll_one(st, groups, by_group)
 
-        ready_groups = [g["index"] for g in groups if g["phase"] == "Ready" and g["index"] < replicas]
+        ready_groups = [g["index"] for g in groups if g["phase"] == GroupPhase.READY and g["index"] < replicas]
         if not problems and not deleting:
             self._apply(body, render.discovery_configmap(body, ready_groups))
 
@@ -197,7 +200,7 @@ class Reconciler(OrderedStop):
             replicas=replicas, groups=groups, problems=problems, deleting=deleting,
             last_failure=st.last_failure, generation=meta.get("generation", 0), now=iso(now),
             previous=old_status.get("conditions") or [], frontends_ready=frontends_ready,
-            frontends_desired=render.frontend_replicas(spec), serving=ready_groups, pods_left=left)
+            frontends_desired=es.frontend_replicas, serving=ready_groups, pods_left=left)
         # The `ready` column counts groups a client of the Service reaches: none while no
         # frontend is Ready.
         served = len(ready_groups) if frontends_ready else 0
@@ -261,33 +264,32 @@ class Reconciler(OrderedStop):
     # ---- groups --------------------------------------------------------------------------
 
     def _group(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], replicas: int) -> dict:
-        spec = render.spec_of(st.body)
-        nodes = int(spec.get("nodesPerGroup", 1))
+        nodes = st.spec.nodes_per_group
         mem = {**mem, "index": g}
         mem.setdefault("restarts", 0)
 
         death = root_cause(list(pods.values()))
-        if death is None and pods and mem.get("phase") == "Ready" and len(pods) < nodes and not any(
+        if death is None and pods and mem.get("phase") == GroupPhase.READY and len(pods) < nodes and not any(
                 is_stopping(p) for p in pods.values()):
             death = vanished(st, g, mem, pods, nodes)
-        if death is None and pods and mem.get("phase") == "Starting" and not any(
+        if death is None and pods and mem.get("phase") == GroupPhase.STARTING and not any(
                 is_stopping(p) for p in pods.values()) and not all(pod_ready(p) for p in pods.values()):
-            death = stalled(st, g, pods, int((spec.get("engine") or {}).get("startupTimeoutSeconds", 1200)))
+            death = stalled(st, g, pods, st.spec.startup_timeout_seconds)
         if death and death.key != mem.get("failureKey"):
             return self._on_death(st, g, mem, pods, death)
 
         phase = mem.get("phase")
-        if phase == "Failed":
+        if phase == GroupPhase.FAILED:
             if revision_of(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
                 # The spec changed since the permanent failure: try again from scratch, once
                 # the old pods are gone (the BackingOff step below, due at once).
                 self._teardown_dead(st, pods)
-                mem.update(phase="BackingOff", restarts=0, nextRestartTime=iso(st.now),
+                mem.update(phase=GroupPhase.BACKING_OFF, restarts=0, nextRestartTime=iso(st.now),
                            message="spec changed; recreating")
                 if not pods:
                     return self._create(st, g, mem)
             return mem
-        if phase == "BackingOff":
+        if phase == GroupPhase.BACKING_OFF:
             if pods:  # the old ranks are still stopping: no replacement starts beside them
                 self._teardown_dead(st, pods)
                 return mem
@@ -299,7 +301,7 @@ class Reconciler(OrderedStop):
                         f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
             mem.pop("nextRestartTime", None)
             return self._create(st, g, mem)
-        if phase in ("Updating", "Draining") or any(is_stopping(p) for p in pods.values()):
+        if phase in (GroupPhase.UPDATING, GroupPhase.DRAINING) or any(is_stopping(p) for p in pods.values()):
             if pods:
                 return self._stop(st, g, mem, pods, mem.get("stopReason") or "update")
             mem.pop("stopReason", None)
@@ -311,11 +313,11 @@ class Reconciler(OrderedStop):
 
         mem["revision"] = revision_of(pods) or st.rev
         if all(pod_ready(p) for p in pods.values()):
-            if mem.get("phase") != "Ready":
+            if mem.get("phase") != GroupPhase.READY:
                 mem["readySince"] = iso(st.now)
                 log.info("%s group %d ready (%d ranks)", ref(st.body), g, nodes)
-            mem.update(phase="Ready", message=f"all {nodes} ranks ready")
-            reset = int((spec.get("restartPolicy") or {}).get("resetAfterSeconds", 600))
+            mem.update(phase=GroupPhase.READY, message=f"all {nodes} ranks ready")
+            reset = st.spec.restart.reset_after_seconds
             since = parse_time(mem.get("readySince"))
             if mem.get("restarts") and since and (st.now - since).total_seconds() >= reset:
                 mem["restarts"] = 0
@@ -325,13 +327,12 @@ class Reconciler(OrderedStop):
             message = f"{ready}/{nodes} ranks ready" + (f"; {'; '.join(waiting)}" if waiting else "")
             if waiting and message != mem.get("message"):  # Pending reasons, once per change
                 events.emit(self.kube, st.body, events.WARNING, "RankWaiting", f"group {g}: {'; '.join(waiting)}")
-            mem.update(phase="Starting", message=message)
+            mem.update(phase=GroupPhase.STARTING, message=message)
             mem.pop("readySince", None)
         return mem
 
     def _on_death(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
-        spec = render.spec_of(st.body)
-        rp = spec.get("restartPolicy") or {}
+        rp = st.spec.restart
         st.last_failure = death.to_status()
         mem["failureKey"] = death.key
         mem.pop("readySince", None)
@@ -339,11 +340,11 @@ class Reconciler(OrderedStop):
                     f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
                     f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}")
         restarts = int(mem.get("restarts", 0))
-        if death.permanent or rp.get("policy") == "Never" or restarts_exhausted(restarts, int(rp.get("maxRestarts", 10))):
+        if death.permanent or rp.never or restarts_exhausted(restarts, rp.max_restarts):
             why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
-                   else "restartPolicy.policy is Never" if rp.get("policy") == "Never"
+                   else "restartPolicy.policy is Never" if rp.never
                    else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
-            mem.update(phase="Failed", revision=revision_of(pods) or st.rev,
+            mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.rev,
                        message=f"rank {death.rank} {death.cause}: not restarting: {why}")
             events.emit(self.kube, st.body, events.WARNING, "RestartSkipped",
                         f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
@@ -351,9 +352,9 @@ class Reconciler(OrderedStop):
             self._teardown_dead(st, {r: p for r, p in pods.items() if failure_of(p) is None})
             return mem
         restarts += 1
-        delay = restart_delay(restarts, int(rp.get("backoffBaseSeconds", 10)), int(rp.get("backoffMaxSeconds", 300)))
+        delay = restart_delay(restarts, rp.backoff_base_seconds, rp.backoff_max_seconds)
         st.restart_count += 1
-        mem.update(phase="BackingOff", restarts=restarts, nextRestartTime=iso(st.now + dt.timedelta(seconds=delay)),
+        mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts, nextRestartTime=iso(st.now + dt.timedelta(seconds=delay)),
                    message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
         events.emit(self.kube, st.body, events.NORMAL, "GroupRestarting",
                     f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
@@ -364,7 +365,7 @@ class Reconciler(OrderedStop):
 
     def _watch_only(self, st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
         mem = {**mem, "index": g}
-        mem.setdefault("phase", "Pending")
+        mem.setdefault("phase", GroupPhase.PENDING)
         return mem
 
     def _create(self, st: PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
@@ -373,8 +374,8 @@ class Reconciler(OrderedStop):
             rank = int(pod["metadata"]["labels"][L.LABEL_RANK])
             if rank not in existing:
                 st.created.setdefault(g, {})[rank] = self.kube.create(pod) or pod
-        nodes = int(render.spec_of(st.body).get("nodesPerGroup", 1))
-        mem.update(phase="Starting", revision=st.rev, message=f"0/{nodes} ranks ready")
+        nodes = st.spec.nodes_per_group
+        mem.update(phase=GroupPhase.STARTING, revision=st.rev, message=f"0/{nodes} ranks ready")
         for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
             mem.pop(k, None)
         log.info("%s group %d created %d ranks at revision %s", ref(st.body), g, nodes, st.rev)
@@ -405,14 +406,14 @@ class Reconciler(OrderedStop):
     # ---- ordered stop: rank 0 drains first, headless ranks stay until it is gone -----------
 
     def _roll_one(self, st: PassState, groups: list[dict], by_group: dict[int, dict[int, dict]]) -> None:
-        if any(g["phase"] in ("Updating",) for g in groups):
+        if any(g["phase"] in (GroupPhase.UPDATING,) for g in groups):
             return
-        if any(g.get("revision") == st.rev and g["phase"] == "Starting" for g in groups):
+        if any(g.get("revision") == st.rev and g["phase"] == GroupPhase.STARTING for g in groups):
             return
         # Groups that are not serving anyway go first; then ready ones, lowest index first.
-        for g in sorted(groups, key=lambda g: (g["phase"] == "Ready", g["index"])):
+        for g in sorted(groups, key=lambda g: (g["phase"] == GroupPhase.READY, g["index"])):
             pods = by_group.get(g["index"], {})
-            if pods and g["phase"] in ("Ready", "Starting") and g.get("revision") != st.rev:
+            if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.rev:
                 events.emit(self.kube, st.body, events.NORMAL, "GroupUpdating",
                             f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
                 g.update(self._stop(st, g["index"], g, pods, "update"))

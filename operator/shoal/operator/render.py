@@ -20,6 +20,7 @@ import json
 import math
 
 from shoal.operator import labels as L
+from shoal.operator.spec import EngineSpec
 
 SHUTDOWN_MARGIN_SECONDS = 15  # SIGTERM -> SIGKILL slack beyond the drain: abort outputs, cleanup
 STARTUP_PROBE_PERIOD = 10
@@ -77,9 +78,13 @@ def served_name(spec: dict) -> str:
     return spec.get("servedModelName") or spec["model"]
 
 
+def _typed(spec: dict) -> EngineSpec:
+    return EngineSpec.of({"spec": spec})
+
+
 def grace_seconds(spec: dict) -> int:
     """terminationGracePeriodSeconds >= drain time + margin: the drain is never cut short."""
-    return int((spec.get("shutdown") or {}).get("timeoutSeconds", 30)) + SHUTDOWN_MARGIN_SECONDS
+    return _typed(spec).shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS
 
 
 # ---- frontend -------------------------------------------------------------------------------
@@ -94,7 +99,7 @@ def frontend_args(spec: dict) -> list[str]:
 
 
 def frontend_replicas(spec: dict) -> int:
-    return int((spec.get("frontend") or {}).get("replicas", 1))
+    return _typed(spec).frontend_replicas
 
 
 def frontend_deployment(body: dict) -> dict:
@@ -103,8 +108,8 @@ def frontend_deployment(body: dict) -> dict:
     pod_labels = common_labels(name, L.COMPONENT_FRONTEND)
     container = {
         "name": L.FRONTEND_CONTAINER,
-        "image": fe.get("image") or spec.get("image", "ghcr.io/shoal-dev/shoal:0.1.0"),
-        "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
+        "image": _typed(spec).frontend_image,
+        "imagePullPolicy": _typed(spec).image_pull_policy,
         # No `command`: the image's entrypoint (`tini -g -- shoal`) must stay PID 1 so that
         # signals reach the server and its exit code reaches the kubelet.
         "args": frontend_args(spec),
@@ -228,8 +233,8 @@ def ranks_service(body: dict) -> dict:
             "selector": engine_selector(name),
             "ports": [
                 {"name": "http", "port": L.HTTP_PORT, "targetPort": L.HTTP_PORT, "protocol": "TCP"},
-                {"name": "dist", "port": int(spec.get("masterPort", L.DEFAULT_MASTER_PORT)),
-                 "targetPort": int(spec.get("masterPort", L.DEFAULT_MASTER_PORT)), "protocol": "TCP"},
+                {"name": "dist", "port": _typed(spec).master_port,
+                 "targetPort": _typed(spec).master_port, "protocol": "TCP"},
             ],
         },
     }
@@ -245,10 +250,11 @@ def engine_command(spec: dict) -> list[str] | None:
 def engine_args(body: dict, group: int, rank: int) -> list[str]:
     """The command line contract with `shoal serve` / `vllm serve` (vLLM's flag names)."""
     name, ns, spec = body["metadata"]["name"], body["metadata"]["namespace"], spec_of(body)
-    nodes = int(spec.get("nodesPerGroup", 1))
+    es = EngineSpec.of(body)
+    nodes = es.nodes_per_group
     args = ["serve", spec["model"], "--served-model-name", served_name(spec),
-            "--tensor-parallel-size", str(int(spec.get("tensorParallelSize", 1))),
-            "--shutdown-timeout", str(int((spec.get("shutdown") or {}).get("timeoutSeconds", 30)))]
+            "--tensor-parallel-size", str(es.tensor_parallel_size),
+            "--shutdown-timeout", str(es.shutdown_timeout_seconds)]
     if rank == 0:
         args += ["--host", "0.0.0.0", "--port", str(L.HTTP_PORT)]
     if nodes > 1:
@@ -256,7 +262,7 @@ def engine_args(body: dict, group: int, rank: int) -> list[str]:
             args.append("--headless")
         args += ["--nnodes", str(nodes), "--node-rank", str(rank),
                  "--master-addr", L.rank_host(name, ns, group, 0),
-                 "--master-port", str(int(spec.get("masterPort", L.DEFAULT_MASTER_PORT)))]
+                 "--master-port", str(es.master_port)]
     return args + list((spec.get("engine") or {}).get("extraArgs") or [])
 
 
@@ -267,9 +273,9 @@ def engine_env(body: dict, group: int, rank: int) -> list[dict]:
         {"name": "SHOAL_ENGINE", "value": name},
         {"name": "SHOAL_GROUP", "value": str(group)},
         {"name": "SHOAL_RANK", "value": str(rank)},
-        {"name": "SHOAL_GROUP_SIZE", "value": str(int(spec.get("nodesPerGroup", 1)))},
+        {"name": "SHOAL_GROUP_SIZE", "value": str(_typed(spec).nodes_per_group)},
         {"name": "SHOAL_MASTER_ADDR", "value": L.rank_host(name, ns, group, 0)},
-        {"name": "SHOAL_MASTER_PORT", "value": str(int(spec.get("masterPort", L.DEFAULT_MASTER_PORT)))},
+        {"name": "SHOAL_MASTER_PORT", "value": str(_typed(spec).master_port)},
         {"name": "SHOAL_TERMINATION_LOG", "value": "/dev/termination-log"},
         {"name": "POD_NAME", **field("metadata.name")},
         {"name": "POD_NAMESPACE", **field("metadata.namespace")},
@@ -281,7 +287,7 @@ def engine_env(body: dict, group: int, rank: int) -> list[dict]:
 def rank0_probes(spec: dict) -> dict:
     """Only rank 0 serves HTTP. Startup covers weight loading (no fixed initialDelaySeconds);
     liveness after start turns a dead or hung EngineCore into a container exit the operator sees."""
-    timeout = int((spec.get("engine") or {}).get("startupTimeoutSeconds", 1200))
+    timeout = _typed(spec).startup_timeout_seconds
     health = {"httpGet": {"path": "/health", "port": L.HTTP_PORT}}
     return {
         "startupProbe": {**health, "periodSeconds": STARTUP_PROBE_PERIOD,
@@ -296,13 +302,13 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
     eng = spec.get("engine") or {}
     container = {
         "name": L.ENGINE_CONTAINER,
-        "image": spec.get("image", "ghcr.io/shoal-dev/shoal:0.1.0"),
-        "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
+        "image": _typed(spec).image,
+        "imagePullPolicy": _typed(spec).image_pull_policy,
         **({"command": cmd} if (cmd := engine_command(spec)) else {}),
         "args": engine_args(body, group, rank),
         "env": engine_env(body, group, rank),
         "ports": ([{"name": "http", "containerPort": L.HTTP_PORT, "protocol": "TCP"}] if rank == 0 else [])
-        + [{"name": "dist", "containerPort": int(spec.get("masterPort", L.DEFAULT_MASTER_PORT)), "protocol": "TCP"}],
+        + [{"name": "dist", "containerPort": _typed(spec).master_port, "protocol": "TCP"}],
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -315,7 +321,7 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
     mv = spec.get("modelVolume")
     if mv:
         volumes.append({"name": "model", **(mv.get("volume") or {})})
-        container["volumeMounts"].append({"name": "model", "mountPath": mv.get("mountPath", "/models"),
+        container["volumeMounts"].append({"name": "model", "mountPath": _typed(spec).model_mount_path,
                                           "readOnly": True})
     extra = {L.LABEL_GROUP: str(group), L.LABEL_RANK: str(rank), L.LABEL_REVISION: engine_revision(spec)}
     pod = {
@@ -333,7 +339,7 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
             "volumes": volumes,
         },
     }
-    if int(spec.get("nodesPerGroup", 1)) > 1:
+    if _typed(spec).nodes_per_group > 1:
         # One rank per node: the ranks of a group split the model over nodes (and their
         # devices); two on one node would share what each expects to have alone.
         pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -343,7 +349,7 @@ def engine_pod(body: dict, group: int, rank: int) -> dict:
 
 
 def group_pods(body: dict, group: int) -> list[dict]:
-    return [engine_pod(body, group, r) for r in range(int(spec_of(body).get("nodesPerGroup", 1)))]
+    return [engine_pod(body, group, r) for r in range(EngineSpec.of(body).nodes_per_group)]
 
 
 def pod_disruption_budget(body: dict, api_version: str = "policy/v1") -> dict:
@@ -362,7 +368,7 @@ def render_children(body: dict, *, pdb_api_version: str | None = "policy/v1",
                     ready_groups: list[int] | None = None) -> list[dict]:
     """Every child object for `body` at its current spec, all groups at the current revision.
     `pdb_api_version=None` leaves the PDB out (a server without the policy API)."""
-    replicas = int(spec_of(body).get("replicas", 1))
+    replicas = EngineSpec.of(body).replicas
     out = [frontend_service_account(body), frontend_role(body), frontend_role_binding(body),
            frontend_deployment(body), frontend_service(body),
            discovery_configmap(body, ready_groups or []), ranks_service(body)]

@@ -10,6 +10,7 @@ import datetime as dt
 from shoal.operator import events, render
 from shoal.operator.failures import is_stopping, root_cause, terminated_state
 from shoal.operator.observed import PassState, iso, parse_time
+from shoal.operator.phases import GroupPhase
 
 
 def rank0_finished(pod: dict) -> bool:
@@ -28,8 +29,8 @@ class OrderedStop:
             if mem.get("drainStartTime"):
                 self._drain_done(st, g, mem)
             return None if reason in ("scale-down", "delete") else mem
-        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
-        mem.update(phase="Updating" if reason == "update" else "Draining", stopReason=reason)
+        timeout = st.spec.shutdown_timeout_seconds
+        mem.update(phase=GroupPhase.UPDATING if reason == "update" else GroupPhase.DRAINING, stopReason=reason)
         dead = root_cause(list(pods.values()))
         rank0 = pods.get(0)
         if timeout == 0 or dead is not None:
@@ -74,7 +75,7 @@ class OrderedStop:
         self._apply(st.body, render.discovery_configmap(st.body, sorted(st.serving)))
 
     def _drain_done(self, st: PassState, g: int, mem: dict) -> None:
-        timeout = int((render.spec_of(st.body).get("shutdown") or {}).get("timeoutSeconds", 30))
+        timeout = st.spec.shutdown_timeout_seconds
         took = (st.now - (parse_time(mem.pop("drainStartTime")) or st.now)).total_seconds()
         if took <= timeout + render.SHUTDOWN_MARGIN_SECONDS:
             events.emit(self.kube, st.body, events.NORMAL, "DrainFinished",

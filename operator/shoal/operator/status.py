@@ -5,6 +5,8 @@ Pure functions over the per-group state the reconciler computed.
 
 from __future__ import annotations
 
+from shoal.operator.phases import MOVING, GroupPhase, Phase
+
 
 def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int, now: str,
               previous: list[dict]) -> dict:
@@ -30,10 +32,10 @@ def summarize(*, replicas: int, groups: list[dict], problems: list[str], deletin
     the Service gets answers. `Serving` says how many frontends are Ready and which groups
     the discovery list gives them."""
     desired = [g for g in groups if g["index"] < replicas]
-    ready = sum(1 for g in desired if g["phase"] == "Ready")
-    failed = [g for g in desired if g["phase"] == "Failed"]
-    backing = [g for g in desired if g["phase"] == "BackingOff"]
-    moving = [g for g in groups if g["phase"] in ("Pending", "Starting", "Updating", "Draining")]
+    ready = sum(1 for g in desired if g["phase"] == GroupPhase.READY)
+    failed = [g for g in desired if g["phase"] == GroupPhase.FAILED]
+    backing = [g for g in desired if g["phase"] == GroupPhase.BACKING_OFF]
+    moving = [g for g in groups if g["phase"] in MOVING]
     served = bool(frontends_ready and serving)
 
     conds = [condition("SpecValid", not problems, "Invalid" if problems else "Valid",
@@ -76,22 +78,22 @@ def summarize(*, replicas: int, groups: list[dict], problems: list[str], deletin
         reason = ("PermanentError" if lf.get("permanent") else camel(lf.get("cause", "unknown")))
         msg = (f"group {lf.get('group')} rank {lf.get('rank')} pod {lf.get('pod')} "
                f"({lf.get('cause')}, exit code {lf.get('exitCode')}): {lf.get('message', '')}")
-        if any(g["phase"] == "Failed" for g in bad):
+        if any(g["phase"] == GroupPhase.FAILED for g in bad):
             msg += " -- not restarting: " + "; ".join(g.get("message", "") for g in failed)
         conds.append(condition("EngineDead", True, reason, msg[:2000], generation, now, previous))
     else:
         conds.append(condition("EngineDead", False, "EnginesAlive", "no engine group is dead", generation, now, previous))
 
     if deleting:
-        phase = "Terminating"
+        phase = Phase.TERMINATING
     elif problems or (replicas and len(failed) == replicas):
-        phase = "Failed"
+        phase = Phase.FAILED
     elif bad:
-        phase = "Degraded"
+        phase = Phase.DEGRADED
     elif replicas and ready == replicas and served:
-        phase = "Ready"
+        phase = Phase.READY
     elif not groups:
-        phase = "Pending"
+        phase = Phase.PENDING
     else:
-        phase = "Progressing"
+        phase = Phase.PROGRESSING
     return phase, conds

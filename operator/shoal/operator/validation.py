@@ -7,6 +7,7 @@ operator creates nothing for it; existing children are left as they are.
 from __future__ import annotations
 
 from shoal.operator import labels as L
+from shoal.operator.spec import EngineSpec
 
 VOLUME_SOURCES = {
     "persistentVolumeClaim", "hostPath", "nfs", "csi", "emptyDir", "configMap", "secret",
@@ -21,12 +22,12 @@ def spec_problems(name: str, spec: dict) -> list[str]:
     if len(name) > L.MAX_NAME_LENGTH:
         problems.append(f"metadata.name is {len(name)} characters; at most {L.MAX_NAME_LENGTH} are "
                         "allowed, because pod names NAME-gG-rR become DNS hostnames (63 characters)")
-    tp, nodes = int(spec.get("tensorParallelSize", 1)), int(spec.get("nodesPerGroup", 1))
+    es = EngineSpec.of({"spec": spec})
+    tp, nodes = es.tensor_parallel_size, es.nodes_per_group
     if tp % nodes:
         problems.append(f"spec.tensorParallelSize ({tp}) must be a multiple of spec.nodesPerGroup "
                         f"({nodes}): every pod of a group holds the same number of TP ranks")
-    rp = spec.get("restartPolicy") or {}
-    base, cap = int(rp.get("backoffBaseSeconds", 10)), int(rp.get("backoffMaxSeconds", 300))
+    base, cap = es.restart.backoff_base_seconds, es.restart.backoff_max_seconds
     if cap < base:
         problems.append(f"spec.restartPolicy.backoffMaxSeconds ({cap}) must be >= backoffBaseSeconds ({base})")
     mv = spec.get("modelVolume")
