@@ -260,7 +260,7 @@ def ensure_prerequisites() -> None:
     proc = subprocess.run(["bash", str(BUILD_SCRIPT), "packages"], stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise ClusterError(f"{BUILD_SCRIPT} packages failed (exit {proc.returncode})")
-    log(f"binaries: {BUILD_SCRIPT} all (cold: ~15 minutes on 2 cores; cached afterwards), "
+    log(f"binaries: {BUILD_SCRIPT} all (cold: 15-20 minutes on 2 cores; cached afterwards), "
         "images alongside")
     binaries = subprocess.Popen(["bash", str(BUILD_SCRIPT), "all"], stdin=subprocess.DEVNULL)
     try:
