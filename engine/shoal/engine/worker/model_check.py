@@ -49,8 +49,8 @@ class AttentionProbe:
             key.shape[1], query.shape[3], query.shape[2], key.shape[2], var,
             mask is not None, bool(getattr(module, "is_causal", True))))
 
-    def mask(self, n: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-        pos = torch.arange(n)
+    def mask(self, n: int, window: int | None, dtype: torch.dtype, device) -> torch.Tensor:
+        pos = torch.arange(n, device=device)
         visible = pos[None, :] <= pos[:, None]
         if window:
             visible &= pos[None, :] > pos[:, None] - window

@@ -239,8 +239,8 @@ def paged_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if not isinstance(shoal_attn, PagedAttentionMetadata):  # the load-time probe
         shoal_attn.record(module, query, key, attention_mask, var)
-        out = _attend(query, key, value, shoal_attn.mask(query.shape[2], var.window, query.dtype),
-                      scale, var)
+        mask = shoal_attn.mask(query.shape[2], var.window, query.dtype, query.device)
+        out = _attend(query, key, value, mask, scale, var)
         return out.transpose(1, 2), None
     meta = shoal_attn
     k_cache, v_cache = meta.kv_caches[module.layer_idx]

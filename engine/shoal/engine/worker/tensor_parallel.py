@@ -58,12 +58,6 @@ def check_shardable(text_cfg, world_size: int, model_name: str) -> None:
                          f"intermediate_size {inter} of {model_name}.")
 
 
-def local_head_counts(text_cfg, world_size: int) -> tuple[int, int]:
-    """(query heads, KV heads) one rank holds: the KV cache is sized for these."""
-    heads, kv_heads = _head_counts(text_cfg)
-    return heads // world_size, max(1, kv_heads // world_size)
-
-
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_local @ W_local^T) + b: the bias is added once, after the reduce."""
 
