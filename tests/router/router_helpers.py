@@ -37,7 +37,7 @@ class RouterProcess(ServerProcess):
     """`shoal serve --frontend-only` routing to the groups listed in a discovery file."""
 
     def __init__(self, model: str, discovery: Path, tmp: Path, *flags: str,
-                 api_key: str | None = API_KEY) -> None:
+                 api_key: str | None = API_KEY, env: dict | None = None) -> None:
         self.port = free_port()
         args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--frontend-only",
                 "--engine-discovery-file", str(discovery), "--host", "127.0.0.1",
@@ -45,9 +45,9 @@ class RouterProcess(ServerProcess):
         if api_key:
             args += ["--api-key", api_key]
         # Fast polling keeps the tests short; production defaults are 1 s / 2 s / 5 s.
-        env = {**os.environ, "SHOAL_ROUTER_POLL_S": "0.1", "SHOAL_ROUTER_PROBE_S": "0.3",
-               "SHOAL_ROUTER_COOLDOWN_S": "1"}
-        super().__init__(args, tmp / f"router-{self.port}.log", env, api_key)
+        full = {**os.environ, "SHOAL_ROUTER_POLL_S": "0.1", "SHOAL_ROUTER_PROBE_S": "0.3",
+                "SHOAL_ROUTER_COOLDOWN_S": "1", **(env or {})}
+        super().__init__(args, tmp / f"router-{self.port}.log", full, api_key)
 
     def wait_listening(self, timeout: float = 30.0) -> RouterProcess:
         return self.wait_answering("/version", "the router to listen", timeout)
@@ -119,3 +119,17 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def prefix_cache(engine: ServeProcess) -> tuple[float, float]:
+    """(hits, queries) in tokens, from the engine's own vllm:prefix_cache_* counters."""
+    return (engine.metric("vllm:prefix_cache_hits_total"),
+            engine.metric("vllm:prefix_cache_queries_total"))
+
+
+def chat_with_system(url: str, headers: dict, model: str, system: str, question: str) -> None:
+    r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60,
+                   json={"model": model, "max_tokens": 2, "messages": [
+                       {"role": "system", "content": system},
+                       {"role": "user", "content": question}]})
+    assert r.status_code == 200, r.text

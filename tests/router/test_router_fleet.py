@@ -13,6 +13,8 @@ import pytest
 from router_helpers import (
     API_KEY,
     MODEL_NAME,
+    RouterProcess,
+    chat_with_system,
     engine_successes,
     kill_group,
     wait_for,
@@ -229,6 +231,31 @@ def test_client_disconnect_aborts_the_request_on_the_group(router, engines):
              detail=lambda: router.log()[-1500:])
     wait_for(lambda: sum(router.per_group("disconnect").values()) == left + 2, 10,
              "the router to count the second disconnect")
+
+
+def test_prefix_affinity_routing_of_the_per_engine_frontend(tiny_model, engines, discovery,
+                                                            tmp_path):
+    """SHOAL_ROUTER_ROUTING=prefix-affinity: chats that share a system prompt go to one group;
+    a routing name it does not know is a configuration error."""
+    r = RouterProcess(tiny_model, discovery, tmp_path,
+                      env={"SHOAL_ROUTER_ROUTING": "prefix-affinity"})
+    try:
+        r.wait_listening()
+        _wait_usable(r, 2)
+        before = {g: engine_successes(e) for g, e in engines.items()}
+        for i in range(6):
+            chat_with_system(r.url, r.headers, MODEL_NAME, "You answer about parcels. " * 40,
+                             f"Where is parcel {i}?")
+        served = sorted(engine_successes(e) - before[g] for g, e in engines.items())
+        assert served == [0, 6], served
+        assert "(prefix-affinity)" in r.log()
+    finally:
+        assert r.stop() == 0
+    bad = RouterProcess(tiny_model, discovery, tmp_path, env={"SHOAL_ROUTER_ROUTING": "random"})
+    assert bad.proc.wait(30) == 2
+    assert "SHOAL_ROUTER_ROUTING: routing 'random' is not one of least-outstanding, " \
+        "prefix-affinity" in bad.log()
+    bad.stop()
 
 
 def test_group_failures(router, engines):
