@@ -102,9 +102,10 @@ def test_scale_down_drains_then_delete_drains(cluster, new_ns):
     assert len(events(cluster, ns, "DrainFinished", name)) == 2, events(cluster, ns, "DrainFinished")
     assert not events(cluster, ns, "DrainOverdue", name)
     # Status: Terminating, rank 0 stopping, rank 0 finished, the group gone (a few more as the
-    # kubelet reports the pod); metadata: kopf's finalizer, one progress note per 15 s of wait.
+    # kubelet reports the pod); metadata: kopf's finalizer and its bookkeeping, however long the
+    # drain (the delete handler follows the whole stop in one run).
     assert w["status"] <= 8, w
-    assert w["metadata"] <= 2 + int(took // 15), (w, took)
+    assert w["metadata"] <= 3, (w, took)
 
 
 def test_timeout_zero_aborts_streams(cluster, new_ns):

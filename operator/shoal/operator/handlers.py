@@ -14,6 +14,7 @@ schema prunes unknown status fields, so kopf's default `status.kopf` would not p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -31,8 +32,8 @@ log = logging.getLogger("shoal.operator")
 RESYNC_SECONDS = float(os.environ.get("SHOAL_RESYNC_SECONDS", "10"))
 FULL_RESYNC_SECONDS = float(os.environ.get("SHOAL_FULL_RESYNC_SECONDS", str(max(60.0, RESYNC_SECONDS))))
 # How long one run of the delete handler follows the ordered stop before it hands back to kopf
-# (each hand-back is one annotation write); pod events drive the stop meanwhile.
-DELETE_FOLLOW_SECONDS = 15.0
+# (each hand-back is one annotation write); longer than any usual drain (timeout + margin).
+DELETE_FOLLOW_SECONDS = 300.0
 _state: dict = {}
 _stats_lock = threading.Lock()
 
@@ -139,20 +140,26 @@ def on_frontend_pod(body, type, **_):
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.PLURAL)
-def on_delete(body, **_):
+async def on_delete(body, **_):
     """Ordered stop of every group (rank 0 drains first); the finalizer goes when no pod is
-    left, and the garbage collector removes the rest through owner references. The handler
-    follows the stop for up to DELETE_FOLLOW_SECONDS, waking on each pass (pod events), so a
-    delete writes kopf's progress annotation once per DELETE_FOLLOW_SECONDS, not per second."""
+    left, and the garbage collector removes the rest through owner references.
+
+    The handler follows the whole stop (up to DELETE_FOLLOW_SECONDS) without holding a worker
+    thread: it runs a pass, then waits in the event loop until another pass ran (pod events,
+    planned wake-ups) or its planned time came. So a delete ends with one handler run instead of
+    a kopf retry, and a progress-annotation write, every second (found on a real cluster: a 14 s
+    delete made 29 annotation patches)."""
     meta = body["metadata"]
-    until = time.monotonic() + DELETE_FOLLOW_SECONDS
+    ns, name = meta["namespace"], meta["name"]
+    loop = asyncio.get_running_loop()
+    until = loop.time() + DELETE_FOLLOW_SECONDS
     while True:
-        seen = reconciler().passes(meta["namespace"], meta["name"])
-        outcome = _reconcile(body)
+        outcome = await asyncio.to_thread(_reconcile, body)
         if not outcome.pods_left:
             return
-        wait = until - time.monotonic()
-        if wait <= 0:
+        if loop.time() >= until:
             raise kopf.TemporaryError(f"waiting for {outcome.pods_left} engine pods to stop", delay=1)
-        reconciler().wait_for_pass(meta["namespace"], meta["name"], after=seen + 1,
-                                   timeout=min(wait, outcome.requeue_after or 2.0))
+        seen = reconciler().passes(ns, name)
+        wake = min(until, loop.time() + (outcome.requeue_after or 2.0))
+        while reconciler().passes(ns, name) <= seen and loop.time() < wake:
+            await asyncio.sleep(0.2)

@@ -69,12 +69,13 @@ class Outcome:
     status: dict = field(default_factory=dict)
 
 
-class Reconciler(OrderedStop):
+class Reconciler:
     """Holds the API client, a clock, the PDB API version found by discovery and a short-lived
     cache of singleton hashes (so a quiet pass does no GET per singleton)."""
 
     def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True):
         self.kube = kube
+        self.stopper = OrderedStop(kube, self._apply, self._teardown)
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self._pdb = pdb_api_version
         self._applied: dict[tuple, tuple[str, float]] = {}
@@ -82,7 +83,6 @@ class Reconciler(OrderedStop):
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
         self._passes: dict[tuple, int] = {}
-        self._passed = threading.Condition()
 
     # ---- entry points --------------------------------------------------------------------
 
@@ -101,21 +101,14 @@ class Reconciler(OrderedStop):
             try:
                 return self._pass(fresh)
             finally:
-                with self._passed:
+                with self._locks_guard:
                     key = (meta["namespace"], meta["name"])
                     self._passes[key] = self._passes.get(key, 0) + 1
-                    self._passed.notify_all()
 
     def passes(self, namespace: str, name: str) -> int:
         """How many passes of this resource have finished (in this process)."""
-        with self._passed:
+        with self._locks_guard:
             return self._passes.get((namespace, name), 0)
-
-    def wait_for_pass(self, namespace: str, name: str, after: int, timeout: float) -> bool:
-        """Block until more than `after` passes of the resource finished, or `timeout`."""
-        with self._passed:
-            return self._passed.wait_for(lambda: self._passes.get((namespace, name), 0) > after,
-                                         timeout=max(timeout, 0.0))
 
     def seconds_since_pass(self, namespace: str, name: str) -> float:
         last = self._last_pass.get((namespace, name))
@@ -175,7 +168,7 @@ class Reconciler(OrderedStop):
             if problems:  # invalid spec: keep what runs, create nothing, still watch for deaths
                 new = self._watch_only(st, g, mem, gpods)
             elif g >= replicas:
-                new = self._stop(st, g, mem, gpods, "delete" if deleting else "scale-down")
+                new = self.stopper.stop(st, g, mem, gpods, "delete" if deleting else "scale-down")
             else:
                 new = self._group(st, g, mem, gpods, replicas)
             if new is not None:
@@ -303,7 +296,7 @@ class Reconciler(OrderedStop):
             return self._create(st, g, mem)
         if phase in (GroupPhase.UPDATING, GroupPhase.DRAINING) or any(is_stopping(p) for p in pods.values()):
             if pods:
-                return self._stop(st, g, mem, pods, mem.get("stopReason") or "update")
+                return self.stopper.stop(st, g, mem, pods, mem.get("stopReason") or "update")
             mem.pop("stopReason", None)
             return self._create(st, g, mem)
         if not pods:
@@ -364,7 +357,18 @@ class Reconciler(OrderedStop):
         return mem
 
     def _watch_only(self, st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+        """The spec became invalid: what runs keeps running and nothing is created or restarted,
+        but a death is still recorded and reported (lastFailure, EngineDied)."""
         mem = {**mem, "index": g}
+        death = root_cause(list(pods.values()))
+        if death and death.key != mem.get("failureKey"):
+            st.last_failure = death.to_status()
+            mem["failureKey"] = death.key
+            events.emit(self.kube, st.body, events.WARNING, "EngineDied",
+                        f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
+                        f"{death.exit_code}): {death.message}; not restarting while the spec is invalid")
+            mem.update(phase=GroupPhase.FAILED,
+                       message=f"rank {death.rank} {death.cause}: not restarting while the spec is invalid")
         mem.setdefault("phase", GroupPhase.PENDING)
         return mem
 
@@ -416,6 +420,6 @@ class Reconciler(OrderedStop):
             if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.rev:
                 events.emit(self.kube, st.body, events.NORMAL, "GroupUpdating",
                             f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
-                g.update(self._stop(st, g["index"], g, pods, "update"))
+                g.update(self.stopper.stop(st, g["index"], g, pods, "update"))
                 g["ranks"] = ranks_status(pods)
                 return

@@ -6,6 +6,7 @@ before rank 0 is asked to stop admitting."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from shoal.operator import events, render
 from shoal.operator.failures import is_stopping, root_cause, terminated_state
@@ -21,9 +22,18 @@ def rank0_finished(pod: dict) -> bool:
 
 
 class OrderedStop:
-    """Mixed into Reconciler: uses its `kube`, `_apply` and `_teardown`."""
+    """Stops one group in rank order. What it acts through is given, not inherited: the API
+    client (deletes and Events), `apply` (writes a rendered object, here the discovery
+    ConfigMap) and `teardown(st, pods, grace)` (deletes pods)."""
 
-    def _stop(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
+    def __init__(self, kube, apply: Callable[[dict, dict], None],
+                 teardown: Callable[[PassState, dict[int, dict], int | None], None]) -> None:
+        self.kube = kube
+        self._apply = apply
+        self._teardown = teardown
+
+    def stop(self, st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
+        """The group's next state after one step of its stop; None once a removed group is gone."""
         mem = {**mem, "index": g}
         if not pods:
             if mem.get("drainStartTime"):
