@@ -308,3 +308,12 @@ def test_the_probe_checks_sliding_layers_against_layer_types():
     with pytest.raises(ValueError, match="layer 0 is a sliding_attention layer but its "
                                          "attention is called with sliding_window=None"):
         _layout([_call(0), _call(1)], cfg, "m")
+
+
+def test_gpt2_is_accepted_by_its_head_and_gets_its_context_length(matrix):
+    """GPT-2's class is GPT2LMHeadModel and its config says n_positions: the engine config takes
+    both (what GPT-2 uses is then checked at load like any other model)."""
+    from shoal.engine.config import EngineConfig
+
+    config = EngineConfig(model=matrix["gpt2"][0])
+    assert config.architectures == ("GPT2LMHeadModel",) and config.max_model_len == 256
