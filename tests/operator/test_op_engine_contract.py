@@ -72,6 +72,24 @@ def test_a_missing_model_is_permanent_and_says_so(tmp_path):
     assert "no-such-model" in f.message and "is not a directory" in f.message
 
 
+def test_a_model_the_engine_refuses_is_permanent_and_named(tiny_model, tmp_path):
+    """A model feature the engine does not implement is refused at load (in the EngineCore
+    process), named, and permanent: a restart would refuse it again."""
+    import json
+    import shutil
+
+    model = tmp_path / "chunked"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "attention_chunk_size": 8}))
+    term = tmp_path / "termination-log"
+    proc = _serve(str(model), term, "--max-model-len", "256")
+    code = proc.wait(240)
+    f = failure_of(_pod(_kubelet_message(term, code), code))
+    assert (f.cause, f.permanent, f.exit_code) == ("config_error", True, 1), f
+    assert "chunked attention" in f.message and "UnsupportedModelError" in f.message
+
+
 def test_engine_core_killed_is_a_transient_engine_error(tiny_model, tmp_path):
     import psutil
 

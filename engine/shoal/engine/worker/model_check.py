@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from shoal.engine.errors import UnsupportedModelError
 from shoal.engine.worker.paged_attention import UnsupportedAttention, Variant, _additive
 
 PROBE_TOKENS = 3
@@ -83,8 +84,8 @@ class AttentionLayout:
 def check_config(text_cfg, name: str) -> None:
     """Refuse features that live in the config (and in masks a custom attention never gets)."""
     def refuse(feature: str) -> None:
-        raise ValueError(f"{name} uses {feature}, which shoal does not implement; refusing to "
-                         "serve it rather than answer wrongly")
+        raise UnsupportedModelError(f"{name} uses {feature}, which shoal does not implement; "
+                                    "refusing to serve it rather than answer wrongly")
 
     odd = sorted(set(getattr(text_cfg, "layer_types", None) or ()) - SERVED_LAYER_TYPES)
     if odd:
@@ -97,7 +98,7 @@ def check_config(text_cfg, name: str) -> None:
 
 def probe_model(model, text_cfg, device: torch.device, name: str) -> AttentionLayout:
     """One forward of PROBE_TOKENS tokens, called as ModelRunner calls it; the layout, or a
-    ValueError naming what the model uses that the engine does not implement."""
+    UnsupportedModelError naming what the model uses that the engine does not implement."""
     probe = AttentionProbe()
     ids = torch.arange(PROBE_TOKENS, device=device)[None] % text_cfg.vocab_size
     try:
@@ -105,15 +106,15 @@ def probe_model(model, text_cfg, device: torch.device, name: str) -> AttentionLa
             model(input_ids=ids, position_ids=torch.arange(PROBE_TOKENS, device=device)[None],
                   logits_to_keep=1, shoal_attn=probe, use_cache=False)
     except UnsupportedAttention as exc:
-        raise ValueError(f"{name}: {exc}; refusing to serve it rather than answer wrongly") \
+        raise UnsupportedModelError(f"{name}: {exc}; refusing to serve it rather than answer wrongly") \
             from None
     return _layout(probe.calls, text_cfg, name)
 
 
 def _layout(calls: list[LayerCall], text_cfg, name: str) -> AttentionLayout:
     def refuse(why: str) -> None:
-        raise ValueError(f"{name}: {why}; shoal's paged attention cannot serve it exactly, so "
-                         "it refuses it")
+        raise UnsupportedModelError(f"{name}: {why}; shoal's paged attention cannot serve it "
+                                    "exactly, so it refuses it")
 
     layers = text_cfg.num_hidden_layers
     if not calls:

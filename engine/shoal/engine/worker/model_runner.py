@@ -14,6 +14,7 @@ import logging
 import torch
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from shoal.engine.errors import UnsupportedModelError
 from shoal.engine.worker import cpu_kernel, model_check, paged_attention, tensor_parallel
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
@@ -99,11 +100,11 @@ class ModelRunner:
         try:
             model_cls = AutoModelForCausalLM._model_mapping[type(hf_config)]
         except KeyError:
-            raise ValueError(f"unsupported architecture {hf_config.architectures} "
+            raise UnsupportedModelError(f"unsupported architecture {hf_config.architectures} "
                              f"(model_type {hf_config.model_type!r}): transformers has no causal "
                              "LM class for it.") from None
         if not getattr(model_cls, "_supports_attention_backend", False):
-            raise ValueError(f"unsupported architecture {model_cls.__name__}: its transformers "
+            raise UnsupportedModelError(f"unsupported architecture {model_cls.__name__}: its transformers "
                              "implementation does not route attention through AttentionInterface, "
                              "so shoal cannot plug in its paged KV cache.")
         name = f"{self.config.model} ({model_cls.__name__})"

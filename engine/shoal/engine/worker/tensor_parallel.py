@@ -28,6 +28,7 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from shoal.engine.errors import UnsupportedModelError
 from torch import nn
 
 # Full-width q/k norms whose forward is exactly `weight * x * rsqrt(mean(x^2) + eps)` in float32:
@@ -46,15 +47,15 @@ def check_shardable(text_cfg, world_size: int, model_name: str) -> None:
     """Refuse, before any weight is loaded, a T that does not split the heads or the MLP."""
     heads, kv_heads = _head_counts(text_cfg)
     if heads % world_size:
-        raise ValueError(f"tensor_parallel_size {world_size} does not divide the "
+        raise UnsupportedModelError(f"tensor_parallel_size {world_size} does not divide the "
                          f"{heads} attention heads of {model_name}; choose a divisor of {heads}.")
     if kv_heads % world_size and world_size % kv_heads:
-        raise ValueError(f"tensor_parallel_size {world_size} and the {kv_heads} KV heads of "
+        raise UnsupportedModelError(f"tensor_parallel_size {world_size} and the {kv_heads} KV heads of "
                          f"{model_name} do not divide one another (KV heads are split when T "
                          "divides them and replicated when they divide T).")
     inter = getattr(text_cfg, "intermediate_size", None)
     if isinstance(inter, int) and inter % world_size:
-        raise ValueError(f"tensor_parallel_size {world_size} does not divide the MLP "
+        raise UnsupportedModelError(f"tensor_parallel_size {world_size} does not divide the MLP "
                          f"intermediate_size {inter} of {model_name}.")
 
 
@@ -96,7 +97,7 @@ class DistributedRMSNorm(nn.Module):
 
 
 def _refuse(model_name: str, why: str) -> None:
-    raise ValueError(f"cannot shard {model_name} for tensor parallelism: {why}")
+    raise UnsupportedModelError(f"cannot shard {model_name} for tensor parallelism: {why}")
 
 
 def _linear(module: nn.Module, name: str, model_name: str) -> nn.Linear:
