@@ -48,3 +48,30 @@ def test_the_frontend_mounts_and_watches_what_the_operator_writes(tmp_path):
     seen = []
     DiscoveryWatcher(str(local), seen.append).check()
     assert [d.groups for d in seen] == [(Group(1, "http://llm-g1-r0.llm-ranks.prod.svc:8000"),)]
+
+
+def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
+    """The gateway lists ConfigMaps by a label selector and names the engine by a label: both
+    must be what `render` puts on the discovery ConfigMap, and its data must feed the fleet."""
+    from pathlib import Path
+
+    from shoal.engine.router.discovery import Discovery
+    from shoal.engine.router.fleet import Fleet
+    from shoal.engine.router.fleet_sources import LABEL_ENGINE, SELECTOR, ConfigMapsSource
+
+    cm = render.discovery_configmap(_body("llm", "prod"), [0, 2])
+    labels = cm["metadata"]["labels"]
+    wanted = dict(term.split("=", 1) for term in SELECTOR.split(","))
+    assert wanted.items() <= labels.items() and LABEL_ENGINE == L.LABEL_ENGINE
+    seen = []
+    fleet = Fleet(seen.append)
+    source = ConfigMapsSource("https://api", ["prod"], fleet, token_file=Path("t"),
+                              ca_file=Path("c"))
+    assert source.feed(cm) == "prod/llm"
+    assert fleet.engines["prod/llm"] == Discovery(
+        (Group(0, "http://llm-g0-r0.llm-ranks.prod.svc:8000", "prod/llm"),
+         Group(2, "http://llm-g2-r0.llm-ranks.prod.svc:8000", "prod/llm")), "tiny")
+    assert fleet.models() == {"tiny": ["prod/llm"]}
+    # The discovery ConfigMap is the only ConfigMap the operator makes for an engine.
+    cms = [o for o in render.render_children(_body("llm", "prod")) if o["kind"] == "ConfigMap"]
+    assert [c["metadata"]["name"] for c in cms] == [L.discovery_name("llm")]
