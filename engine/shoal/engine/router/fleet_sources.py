@@ -132,11 +132,15 @@ class DirectorySource:
     def __init__(self, path: str, fleet: Fleet, interval: float = POLL_INTERVAL_S) -> None:
         self.path, self.fleet, self.interval = Path(path), fleet, interval
         self._seen: dict[str, tuple | None] = {}
-        self.problems: dict[str, str] = {}
+        self.problems: dict[str, str | None] = {}  # engine ("" = the directory) -> problem
 
     def check(self) -> None:
-        files = {p.name[:-len(".json")]: p for p in self.path.glob("*.json")} \
-            if self.path.is_dir() else {}
+        missing = not self.path.is_dir()
+        if missing and self.problems.get("") is None:
+            logger.error("discovery directory %s does not exist; serving no engines from it",
+                         self.path)
+        self.problems[""] = "missing" if missing else None
+        files = {} if missing else {p.name[:-len(".json")]: p for p in self.path.glob("*.json")}
         for engine in sorted(set(self._seen) - set(files)):
             del self._seen[engine]
             self.problems.pop(engine, None)
