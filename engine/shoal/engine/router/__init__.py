@@ -1,10 +1,14 @@
-"""The fleet frontend (`shoal serve --frontend-only`): an OpenAI-aware HTTP router.
+"""The fleet frontend (`shoal serve --frontend-only`) and the fleet gateway
+(`python -m shoal.engine.router.gateway`): OpenAI-aware HTTP routers.
 
-It loads no model and speaks no ZeroMQ: it forwards plain OpenAI HTTP to engine groups (each a
-`shoal serve` or `vllm serve` rank 0) listed in the operator's discovery file.
+They load no model and speak no ZeroMQ: they forward plain OpenAI HTTP to engine groups (each a
+`shoal serve` or `vllm serve` rank 0) listed in the operator's discovery data.
 
-Modules: `discovery` (the file and its watcher), `picker` (which group gets the next request,
-cool-downs), `metrics` (the router's own Prometheus series), `errors` (OpenAI error JSON),
-`proxy` (one forwarded request, retries, streaming), `app` (the FastAPI surface), `main`
-(`run_router(args)`: uvicorn and the background tasks). Everything here is torch-free.
+Modules: `discovery` (the file and its watcher), `k8s_discovery` (one ConfigMap through the API),
+`picker` (which group gets the next request, cool-downs), `affinity` (prefix-affinity routing),
+`metrics` (the routers' own Prometheus series), `errors` (OpenAI error JSON), `proxy` (one
+forwarded request, retries, streaming), `health` (probes), `app` (the per-engine FastAPI
+surface), `main` (`run_router(args)`, `serve_app`); the gateway's: `fleet` (engines and models),
+`fleet_sources` (discovery ConfigMaps through the API, or a directory), `aggregate` (`vllm:*`
+summed per model), `gateway` (its app and command line). Everything here is torch-free.
 """
