@@ -64,8 +64,8 @@ def test_the_charts_command_line_is_the_gateways(helm_template):
     objs = helm_template("--set", "gateway.routing=prefix-affinity",
                          "--set", "gateway.prefixImbalance=6", "--set", "logLevel=warning")
     (c,) = the(objs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
-    assert c["command"][3:] == ["python", "-m", "shoal.engine.router.gateway"]
-    args = build_parser().parse_args(c["args"])
+    assert "command" not in c and c["args"][0] == "gateway"  # the image's `tini -g -- shoal`
+    args = build_parser().parse_args(c["args"][1:])
     assert (args.routing, args.prefix_imbalance, args.port) == ("prefix-affinity", 6, 8000)
     assert args.namespaces == ["shoal-system"] and args.log_level == "WARNING"
 

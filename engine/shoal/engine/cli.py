@@ -13,6 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("shoal.engine.entrypoints.serve", "Serve a model over an OpenAI-compatible HTTP API."),
     "make-model": ("shoal.engine.model_maker", "Write the project's small Llama model to a directory."),
+    "gateway": ("shoal.engine.router.gateway", "Route by model across every InferenceEngine (fleet gateway)."),
 }
 
 

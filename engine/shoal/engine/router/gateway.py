@@ -166,7 +166,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m shoal.engine.router.gateway",
+        prog="shoal gateway",
         description="One OpenAI endpoint for a fleet of InferenceEngines, routed by `model` "
                     "(docs/router.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
