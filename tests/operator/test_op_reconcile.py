@@ -174,3 +174,26 @@ def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_n
     assert "ImagePullBackOff" in st["lastFailure"]["message"] and f"limit {limit}s" in st["lastFailure"]["message"]
     assert st["groups"][0]["phase"] == "BackingOff" and st["restartCount"] == 1
     assert len(events(kube, ns, "RankWaiting")) == 1, "one Event per change of the waiting reason"
+
+
+def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, quiet_ns, kube):
+    """The spec became invalid while a group ran: nothing is created or restarted, but a rank's
+    death is still recorded and reported."""
+    from op_support import events
+
+    ns = quiet_ns
+    body = create_ie(kube, engine("inv", ns).ranks(2).manifest())
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    wait_for(lambda: len(pods(kube, ns, "inv")) == 2, timeout=10, what="2 ranks")
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "inv", {"spec": {"tensorParallelSize": 3}})
+    r.reconcile(body)
+    assert ie(kube, ns, "inv")["status"]["conditions"][0]["status"] == "False"  # SpecValid
+    terminate(kube, ns, "inv-g0-r1", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=1))
+    r.reconcile(body)
+    st = ie(kube, ns, "inv")["status"]
+    assert st["lastFailure"]["pod"] == "inv-g0-r1" and st["lastFailure"]["cause"] == "engine_error"
+    assert st["groups"][0]["phase"] == "Failed" and "spec is invalid" in st["groups"][0]["message"]
+    assert "not restarting while the spec is invalid" in events(kube, ns, "EngineDied")[0]["message"]
+    r.reconcile(body)
+    assert set(pods(kube, ns, "inv")) == {"inv-g0-r0", "inv-g0-r1"}, "nothing deleted or created"
