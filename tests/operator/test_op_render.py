@@ -95,9 +95,41 @@ def test_startup_probe_budget_follows_the_startup_timeout_not_a_fixed_delay():
 
 
 def test_stock_vllm_runtime_uses_the_same_flags():
-    body = engine().ranks(2).set(runtime="VLLM").obj()
+    body = engine().ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0").obj()
     c = _container(render.engine_pod(body, 0, 1))
     assert c["command"] == ["vllm"] and "--headless" in c["args"]
+    # (tests/operator/test_op_vllm_cli.py feeds these command lines to vLLM's own parser)
+
+
+@pytest.mark.parametrize(
+    "fields, drains",
+    [
+        ({"image": "vllm/vllm-openai:v0.11.0"}, False),  # vLLM < 0.18: no --shutdown-timeout
+        ({"image": "vllm/vllm-openai:v0.17.1"}, False),
+        ({"image": "vllm/vllm-openai:v0.18.0"}, True),
+        ({"image": "vllm/vllm-openai:v0.32.0"}, True),
+        ({"image": "vllm/vllm-openai:latest", "runtimeVersion": "0.19.1"}, True),
+        ({"image": "registry.local:5000/vllm@sha256:" + "0" * 64, "runtimeVersion": "v0.17.0"}, False),
+    ],
+)
+def test_vllm_gets_the_drain_flag_only_from_the_release_that_has_it(fields, drains):
+    body = engine().drain(60).set(runtime="VLLM", **fields).obj()
+    args = _container(render.engine_pod(body, 0, 0))["args"]
+    assert (_flag(args, "--shutdown-timeout") == "60") is drains
+    assert ("--shutdown-timeout" in args) is drains
+    # The drain is bounded by the grace period either way.
+    assert render.engine_pod(body, 0, 0)["spec"]["terminationGracePeriodSeconds"] == 60 + render.SHUTDOWN_MARGIN_SECONDS
+
+
+def test_frontends_of_a_vllm_runtime_run_a_shoal_image():
+    from shoal.operator.spec import DEFAULTS
+
+    vllm = engine().set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0").obj()
+    image = lambda body: render.frontend_deployment(body)["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
+    assert image(vllm) == DEFAULTS["image"]
+    vllm["spec"]["frontend"] = {"image": "shoal:fe"}
+    assert image(vllm) == "shoal:fe"
+    assert image(engine().obj()) == "shoal:test", "a Shoal runtime's frontends run spec.image"
 
 
 def test_user_args_env_resources_and_model_volume_reach_every_rank():
@@ -158,6 +190,7 @@ def test_no_pdb_when_the_server_has_no_policy_api():
         ({"image": "shoal:v2"}, True),
         ({"engine": {"extraArgs": ["--enforce-eager"]}}, True),
         ({"shutdown": {"timeoutSeconds": 99}}, True),
+        ({"runtimeVersion": "0.32.0"}, True),
     ],
 )
 def test_only_engine_fields_change_the_revision(change, rolls):
@@ -179,6 +212,15 @@ def test_rendering_is_deterministic():
         ("llm", {"model": "m", "restartPolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 5}}, "backoffMaxSeconds"),
         ("llm", {"model": "m", "modelVolume": {"volume": {}}}, "exactly one volume source"),
         ("llm", {"model": "m", "modelVolume": {"volume": {"hostPath": {"path": "/m"}, "name": "x"}}}, "must not set `name`"),
+        ("llm", {"model": "m", "runtime": "VLLM"}, "spec.image is ghcr.io/shoal-dev/shoal:0.1.0, a Shoal image"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:latest"}, "spec.runtimeVersion must say"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai@sha256:" + "0" * 64},
+         "spec.runtimeVersion must say"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.19.1", "runtimeVersion": "0.20.0"},
+         "contradicts the release in spec.image"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.10.2"}, "older than 0.11.0"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.11.0", "nodesPerGroup": 2,
+                 "tensorParallelSize": 2}, "spec.nodesPerGroup 2 needs vLLM >= 0.11.1"),
     ],
 )
 def test_cross_field_problems_say_what_to_fix(name, spec, problem):
@@ -188,6 +230,18 @@ def test_cross_field_problems_say_what_to_fix(name, spec, problem):
 
 def test_a_valid_spec_has_no_problems():
     assert spec_problems("llm", engine().ranks(2, tp=8).obj()["spec"]) == []
+
+
+@pytest.mark.parametrize("fields", [
+    {"image": "vllm/vllm-openai:v0.11.0"},  # one node: 0.11.0 runs it (without the drain flag)
+    {"image": "vllm/vllm-openai:v0.11.1", "nodesPerGroup": 2, "tensorParallelSize": 2},
+    {"image": "vllm/vllm-openai:v0.32.0", "nodesPerGroup": 2, "tensorParallelSize": 2},
+    {"image": "vllm/vllm-openai:latest", "runtimeVersion": "0.32.0"},
+    {"image": "vllm/vllm-openai:v0.32.0", "runtimeVersion": "v0.32.0"},
+    {"image": "localhost:5000/vllm-openai", "runtimeVersion": "0.18.1"},
+])
+def test_a_vllm_image_with_a_known_release_is_valid(fields):
+    assert spec_problems("llm", {"model": "m", "runtime": "VLLM", **fields}) == []
 
 
 @pytest.mark.parametrize("nodes, rank", [(1, 0), (2, 0), (2, 1), (4, 3)])

@@ -98,9 +98,16 @@ def spec_schema() -> dict:
                                   "Default: `IfNotPresent`.", enum=["Always", "IfNotPresent", "Never"],
                                   default=DEFAULTS["imagePullPolicy"]),
             "runtime": _s("string", "runtime says which command line the pods run: `Shoal` runs "
-                          "`shoal serve`, `VLLM` runs stock `vllm serve` with the same vLLM flag names "
-                          "(frontends then need a Shoal image). Example: `VLLM`. Default: `Shoal`.",
+                          "`shoal serve`, `VLLM` runs stock `vllm serve` from `image` with the same vLLM "
+                          "flag names, only those its release accepts (see `runtimeVersion`); frontends "
+                          "keep running a Shoal image. Example: `VLLM`. Default: `Shoal`.",
                           enum=RUNTIMES, default=DEFAULTS["runtime"]),
+            "runtimeVersion": _s("string", "runtimeVersion is the vLLM release that `image` runs when "
+                                 "`runtime` is `VLLM`: the operator passes only the flags that release "
+                                 "accepts (`--shutdown-timeout` from 0.18.0, multi-node flags from "
+                                 "0.11.1). Example: `0.32.0`. Default: the image tag when it is a release "
+                                 "(`vllm/vllm-openai:v0.32.0`); required otherwise (`latest`, a digest). "
+                                 "Ignored when `runtime` is `Shoal`.", pattern=r"^v?[0-9]+\.[0-9]+"),
             "replicas": _s("integer", "replicas is the number of engine groups; each group is one "
                            "complete model instance (one EngineCore) made of `nodesPerGroup` pods. "
                            "Driven by the scale subresource (HPA/KEDA). Example: `3`. Default: `1`.",
@@ -124,9 +131,9 @@ def spec_schema() -> dict:
                 {
                     "replicas": _s("integer", "replicas is the number of frontend pods. Example: `2`. "
                                    "Default: `1`.", minimum=0, maximum=100, default=DEFAULTS["frontend.replicas"], format="int32"),
-                    "image": _s("string", "image of the frontend pods. Example: "
-                                "`ghcr.io/shoal-dev/shoal:0.1.0`. Default: `spec.image` (set it when "
-                                "`runtime` is `VLLM`: frontends always run `shoal serve`)."),
+                    "image": _s("string", "image of the frontend pods (they run `shoal serve`). "
+                                "Example: `ghcr.io/shoal-dev/shoal:0.1.0`. Default: `spec.image`, or "
+                                "`" + str(DEFAULTS["image"]) + "` when `runtime` is `VLLM`."),
                     "resources": _resources("frontend"),
                 },
                 default={},
@@ -167,8 +174,9 @@ def spec_schema() -> dict:
                 "drains first while its headless ranks stay up, then they stop.",
                 {
                     "timeoutSeconds": _s("integer", "timeoutSeconds is how long rank 0 may drain "
-                                         "in-flight requests (passed as `--shutdown-timeout`); `0` "
-                                         "aborts them at once. terminationGracePeriodSeconds is this "
+                                         "in-flight requests (passed as `--shutdown-timeout`; a "
+                                         "stock vLLM before 0.18 has no such flag and aborts them "
+                                         "at once on SIGTERM); `0` aborts them at once. terminationGracePeriodSeconds is this "
                                          "plus a margin. Example: `120`. Default: `30`.", minimum=0,
                                          maximum=86400, default=DEFAULTS["shutdown.timeoutSeconds"], format="int32"),
                 },

@@ -20,6 +20,7 @@ import json
 import math
 
 from shoal.operator import labels as L
+from shoal.operator import vllm_version
 from shoal.operator.spec import EngineSpec
 
 SHUTDOWN_MARGIN_SECONDS = 15  # SIGTERM -> SIGKILL slack beyond the drain: abort outputs, cleanup
@@ -36,10 +37,14 @@ def spec_of(body: dict) -> dict:
 
 def engine_revision(spec: dict) -> str:
     """Hash of everything that shapes an engine pod; a change rolls the groups one by one.
-    Replicas, frontends and the restart policy are excluded: changing them restarts nothing."""
+    Replicas, frontends and the restart policy are excluded: changing them restarts nothing.
+    runtimeVersion counts only when set, so that adding the field rolled no existing group."""
     keys = ("model", "servedModelName", "image", "imagePullPolicy", "runtime", "tensorParallelSize",
             "nodesPerGroup", "masterPort", "engine", "modelVolume", "shutdown")
-    return _hash({k: spec.get(k) for k in keys})
+    shaped = {k: spec.get(k) for k in keys}
+    if spec.get("runtimeVersion"):
+        shaped["runtimeVersion"] = spec["runtimeVersion"]
+    return _hash(shaped)
 
 
 def common_labels(name: str, component: str) -> dict:
@@ -248,13 +253,17 @@ def engine_command(spec: dict) -> list[str] | None:
 
 
 def engine_args(body: dict, group: int, rank: int) -> list[str]:
-    """The command line contract with `shoal serve` / `vllm serve` (vLLM's flag names)."""
+    """The command line contract with `shoal serve` / `vllm serve` (vLLM's flag names). A stock
+    vLLM gets only the flags its release accepts (vllm_version.FLAG_SINCE): a release before
+    0.18 gets no `--shutdown-timeout` (it aborts in-flight requests on SIGTERM; see
+    docs/vllm-runtime.md)."""
     name, ns, spec = body["metadata"]["name"], body["metadata"]["namespace"], spec_of(body)
     es = EngineSpec.of(body)
     nodes = es.nodes_per_group
     args = ["serve", spec["model"], "--served-model-name", served_name(spec),
-            "--tensor-parallel-size", str(es.tensor_parallel_size),
-            "--shutdown-timeout", str(es.shutdown_timeout_seconds)]
+            "--tensor-parallel-size", str(es.tensor_parallel_size)]
+    if vllm_version.accepts(es, "--shutdown-timeout"):
+        args += ["--shutdown-timeout", str(es.shutdown_timeout_seconds)]
     if rank == 0:
         args += ["--host", "0.0.0.0", "--port", str(L.HTTP_PORT)]
     if nodes > 1:

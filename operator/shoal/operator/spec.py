@@ -62,6 +62,7 @@ class EngineSpec:
     image: str
     image_pull_policy: str
     runtime: str
+    runtime_version: str  # "" = unset (a VLLM group then reads its release from the image tag)
     replicas: int
     tensor_parallel_size: int
     nodes_per_group: int
@@ -77,19 +78,23 @@ class EngineSpec:
     def of(cls, body: dict) -> EngineSpec:
         spec = body.get("spec") or {}
         image = str(_get(spec, "image"))
+        runtime = str(_get(spec, "runtime"))
+        # Frontends always run `shoal serve`: a stock vLLM image cannot be theirs.
+        frontend_default = image if runtime != "VLLM" else str(DEFAULTS["image"])
         return cls(
             raw=spec,
             model=str(spec.get("model") or ""),
             served_model_name=str(spec.get("servedModelName") or spec.get("model") or ""),
             image=image,
             image_pull_policy=str(_get(spec, "imagePullPolicy")),
-            runtime=str(_get(spec, "runtime")),
+            runtime=runtime,
+            runtime_version=str(spec.get("runtimeVersion") or ""),
             replicas=int(_get(spec, "replicas")),
             tensor_parallel_size=int(_get(spec, "tensorParallelSize")),
             nodes_per_group=int(_get(spec, "nodesPerGroup")),
             master_port=int(_get(spec, "masterPort")),
             frontend_replicas=int(_get(spec, "frontend.replicas")),
-            frontend_image=str((spec.get("frontend") or {}).get("image") or image),
+            frontend_image=str((spec.get("frontend") or {}).get("image") or frontend_default),
             startup_timeout_seconds=int(_get(spec, "engine.startupTimeoutSeconds")),
             model_mount_path=str(_get(spec, "modelVolume.mountPath")),
             shutdown_timeout_seconds=int(_get(spec, "shutdown.timeoutSeconds")),

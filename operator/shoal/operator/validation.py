@@ -7,6 +7,7 @@ operator creates nothing for it; existing children are left as they are.
 from __future__ import annotations
 
 from shoal.operator import labels as L
+from shoal.operator import vllm_version
 from shoal.operator.spec import EngineSpec
 
 VOLUME_SOURCES = {
@@ -39,4 +40,4 @@ def spec_problems(name: str, spec: dict) -> list[str]:
                             f"(e.g. persistentVolumeClaim, hostPath); found {sources or 'none'}")
         if "name" in others:
             problems.append("spec.modelVolume.volume must not set `name`: the operator names it `model`")
-    return problems
+    return problems + vllm_version.problems(es)
