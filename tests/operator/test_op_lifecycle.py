@@ -265,6 +265,24 @@ def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(k
     assert condition(ie(kube, ns, "dr"), "EngineDead")["status"] == "False"
 
 
+def test_a_restart_happens_at_its_planned_time_not_at_a_timer_tick(kube, ns):
+    """Found on a real cluster: a 10 s backoff took 20.5 s (the pass that planned it was not
+    woken). The operator runs at its shipped timer (10 s, a full pass every 60 s): a group due
+    back 4 s after its death is recreated then, by the planned wake-up, not early and not at a
+    tick."""
+    create_ie(kube, engine("pl", ns).restart(backoffBaseSeconds=4, backoffMaxSeconds=60).manifest())
+    _wait_pods(kube, ns, "pl", 1)
+    _ready_all(kube, ns, "pl")
+    wait_for(lambda: _status(kube, ns, "pl").get("phase") == "Ready", timeout=10)
+    old = pods(kube, ns, "pl")["pl-g0-r0"]["metadata"]["uid"]
+    terminate(kube, ns, "pl-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    t_death = time.monotonic()
+    wait_for(lambda: (pods(kube, ns, "pl").get("pl-g0-r0") or {}).get("metadata", {}).get("uid") not in (None, old),
+             timeout=9, interval=0.1, what="the group recreated at its 4 s backoff (before a 10 s tick)")
+    took = time.monotonic() - t_death
+    assert took >= 3.5, f"recreated {took:.1f}s after the death, before its 4 s backoff"
+
+
 def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, ns):
     """The dead group's ranks are deleted gracefully (bound pods: the object stays until the
     kubelet saw the container stop), and no replacement is created while an old pod of the

@@ -55,3 +55,16 @@ def test_the_thread_runs_due_passes_and_survives_a_failing_one():
     w.schedule("good", 0.2)
     assert done.wait(timeout=10), "the planned pass never ran"
     assert seen == ["bad", "good"] and w.pending() == {}
+
+
+def test_a_stored_deadline_is_never_early():
+    """Status holds times to the second: a deadline is rounded up, never down (a 4 s backoff
+    from 31.729 s must not fire at 35 s)."""
+    import datetime as dt
+
+    from shoal.operator.observed import iso_not_before, parse_time
+
+    t = dt.datetime(2026, 11, 30, 15, 37, 35, 729000, tzinfo=dt.timezone.utc)
+    assert iso_not_before(t) == "2026-11-30T15:37:36Z" and parse_time(iso_not_before(t)) >= t
+    whole = t.replace(microsecond=0)
+    assert iso_not_before(whole) == "2026-11-30T15:37:35Z"

@@ -15,6 +15,12 @@ def iso(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def iso_not_before(t: dt.datetime) -> str:
+    """`t` rounded up to the API's 1 s resolution: a deadline stored this way is never early."""
+    whole = t.replace(microsecond=0)
+    return iso(whole if whole == t else whole + dt.timedelta(seconds=1))
+
+
 def parse_time(s: str | None) -> dt.datetime | None:
     if not s:
         return None

@@ -31,6 +31,7 @@ from shoal.operator.kube import PLURALS, Kube
 from shoal.operator.observed import (
     PassState,
     iso,
+    iso_not_before,
     no_empty_strings,
     owned_by,
     parse_time,
@@ -347,7 +348,7 @@ class Reconciler:
         restarts += 1
         delay = restart_delay(restarts, rp.backoff_base_seconds, rp.backoff_max_seconds)
         st.restart_count += 1
-        mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts, nextRestartTime=iso(st.now + dt.timedelta(seconds=delay)),
+        mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts, nextRestartTime=iso_not_before(st.now + dt.timedelta(seconds=delay)),
                    message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
         events.emit(self.kube, st.body, events.NORMAL, "GroupRestarting",
                     f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
