@@ -17,8 +17,8 @@ as resolved with the wheel's full requirements), all installed with `--no-deps`,
 Concurrent runs serialise on a file lock, and the environment is renamed into place only once
 pip has installed everything, so a half-built one is never used.
 
-Run inside that environment, this file is the parser (`python vllm_cli.py < argvs.json`); it
-imports nothing but the standard library and vLLM there.
+Run inside that environment, this file is the parser (`python vllm_cli.py RESULTS < ARGVS`,
+both JSON); it imports nothing but the standard library and vLLM there.
 """
 
 from __future__ import annotations
@@ -91,8 +91,10 @@ def _parse_inside_vllm(argvs: list[list[str]]) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":
-    json.dump(_parse_inside_vllm(json.load(sys.stdin)), sys.stdout, default=str)
+if __name__ == "__main__":  # python vllm_cli.py RESULTS.json < argvs.json (vLLM logs to stdout)
+    results = _parse_inside_vllm(json.load(sys.stdin))
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f, default=str)
     sys.exit(0)
 
 
@@ -101,6 +103,7 @@ if __name__ == "__main__":
 import fcntl  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -163,12 +166,14 @@ class VllmCli:
         """One result per argv: {"ok": True, "args": {...}} or {"ok": False, "error": "..."}."""
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": "ERROR"}
-        proc = subprocess.run([str(self.python), __file__], input=json.dumps(argvs), env=env,
-                              capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"vLLM's parser did not run (exit {proc.returncode}):\n"
-                               f"{proc.stderr.strip()[-3000:]}")
-        return json.loads(proc.stdout)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "results.json"
+            proc = subprocess.run([str(self.python), __file__, str(out)], input=json.dumps(argvs),
+                                  env=env, capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0 or not out.exists():
+                raise RuntimeError(f"vLLM's parser did not run (exit {proc.returncode}):\n"
+                                   f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
+            return json.loads(out.read_text())
 
 
 def ensure_vllm_cli() -> VllmCli:
