@@ -34,8 +34,11 @@ def _greedy(url: str) -> list[str]:
 
 
 def _engine_terminated(pod: dict) -> bool:
-    return any((cs.get("state") or {}).get("terminated") and cs["name"] == "engine"
-               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+    """The engine has ended as the pod status says it: its container terminated, or the pod
+    Succeeded/Failed (kubelet 1.20 may report only the phase of a pod it is deleting)."""
+    from shoal.operator.failures import terminated_state
+
+    return terminated_state(pod) is not None
 
 
 def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new_ns):
