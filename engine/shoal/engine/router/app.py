@@ -29,6 +29,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 
 
+def model_list(models: list[tuple[str, str]], created: int) -> dict:
+    """OpenAI's /v1/models body for (served name, root model) pairs."""
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": root,
+         "parent": None} for name, root in models]}
+
+
 class Router:
     def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
                  default_model: str, api_key: str | None, cooldown: float,
@@ -138,10 +145,7 @@ def build_app(router: Router) -> FastAPI:
     async def models(request: Request):
         check_key(request)
         created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
-             "root": router.default_model, "parent": None}
-            for name in router.model_names()]}
+        return model_list([(name, router.default_model) for name in router.model_names()], created)
 
     @app.get("/health")
     async def health():

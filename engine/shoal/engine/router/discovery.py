@@ -87,7 +87,8 @@ def parse_discovery(text: str) -> Discovery:
     return Discovery(tuple(sorted(groups.values())), model)
 
 
-def _signature(path: str) -> tuple | None:
+def file_signature(path) -> tuple | None:
+    """(inode, mtime, size) of a file, None when absent: what a poller compares."""
     # ConfigMap volumes swap a symlink: stat() follows it, so the inode changes with each update.
     try:
         st = os.stat(path)
@@ -116,7 +117,7 @@ class DiscoveryWatcher:
         kubelet refreshes it up to a minute late and must not roll a newer list back."""
         if self.api_active:
             return
-        sig = _signature(self.path)
+        sig = file_signature(self.path)
         if sig == self._seen:
             return
         self._seen = sig

@@ -17,10 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 
-from shoal.engine.router.discovery import POLL_INTERVAL_S, Discovery, parse_discovery
+from shoal.engine.router.discovery import (
+    POLL_INTERVAL_S,
+    Discovery,
+    file_signature,
+    parse_discovery,
+)
 from shoal.engine.router.fleet import Fleet
 from shoal.engine.router.k8s_discovery import KEY, RETRY_S, WATCH_TIMEOUT_S, api_client
 
@@ -120,14 +124,6 @@ class ConfigMapsSource:
         await asyncio.gather(*(self.follow(ns) for ns in self.namespaces))
 
 
-def _signature(path: Path) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 class DirectorySource:
     def __init__(self, path: str, fleet: Fleet, interval: float = POLL_INTERVAL_S) -> None:
         self.path, self.fleet, self.interval = Path(path), fleet, interval
@@ -146,7 +142,7 @@ class DirectorySource:
             self.problems.pop(engine, None)
             self.fleet.remove(engine, f"{self.path / (engine + '.json')} is gone")
         for engine, path in sorted(files.items()):
-            sig = _signature(path)
+            sig = file_signature(path)
             if sig == self._seen.get(engine, "never"):
                 continue
             self._seen[engine] = sig

@@ -31,7 +31,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine.router import aggregate, k8s_discovery
 from shoal.engine.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
-from shoal.engine.router.app import PROXIED, common_app
+from shoal.engine.router.app import PROXIED, common_app, model_list
 from shoal.engine.router.errors import error_response
 from shoal.engine.router.fleet import Fleet
 from shoal.engine.router.fleet_sources import ConfigMapsSource, DirectorySource
@@ -140,10 +140,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
     async def models(request: Request):
         check_key(request)
         created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
-             "root": name, "parent": None}
-            for name in sorted(gw.fleet.models())]}
+        return model_list([(name, name) for name in sorted(gw.fleet.models())], created)
 
     @app.get("/health")
     async def health():
