@@ -268,3 +268,18 @@ def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not(
         assert term["labelSelector"]["matchLabels"][L.LABEL_GROUP] == pod["metadata"]["labels"][L.LABEL_GROUP]
     single = _by_kind(render.render_children(engine().groups(2).ranks(1).obj()))["Pod"]
     assert all("affinity" not in p["spec"] for p in single)
+
+
+def test_the_frontends_routing_reaches_the_router_as_it_reads_it(monkeypatch):
+    """spec.frontend.routing is rendered into the frontend's environment; the router's own
+    reader accepts it (render's output fed to the router, not a copy of the variable's name)."""
+    from shoal.engine.router.main import routing_from_env
+    from shoal.operator import render
+
+    for routing in ("least-outstanding", "prefix-affinity"):
+        body = engine("fr", "ns").set(frontend={"routing": routing}).obj()
+        (c,) = render.frontend_deployment(body)["spec"]["template"]["spec"]["containers"]
+        for var in c["env"]:
+            if "value" in var:
+                monkeypatch.setenv(var["name"], var["value"])
+        assert routing_from_env()[0] == routing

@@ -18,6 +18,7 @@ import pathlib
 import sys
 
 import yaml
+from shoal.engine.router.affinity import ROUTINGS
 from shoal.operator.labels import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from shoal.operator.phases import GroupPhase, Phase
 from shoal.operator.spec import DEFAULTS
@@ -134,6 +135,12 @@ def spec_schema() -> dict:
                     "image": _s("string", "image of the frontend pods (they run `shoal serve`). "
                                 "Example: `ghcr.io/shoal-dev/shoal:0.1.0`. Default: `spec.image`, or "
                                 "`" + str(DEFAULTS["image"]) + "` when `runtime` is `VLLM`."),
+                    "routing": _s("string", "routing is how a frontend picks a group for a request: "
+                                  "`least-outstanding` (fewest requests in flight) or `prefix-affinity` "
+                                  "(requests sharing a prompt prefix go to the group that served it, "
+                                  "so its prefix cache is reused, while its load stays within a bound). "
+                                  "Example: `prefix-affinity`. Default: `least-outstanding`.",
+                                  enum=list(ROUTINGS), default=DEFAULTS["frontend.routing"]),
                     "resources": _resources("frontend"),
                 },
                 default={},

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 
+from shoal.engine.router.affinity import ROUTING_ENV
 from shoal.operator import labels as L
 from shoal.operator import vllm_version
 from shoal.operator.spec import EngineSpec
@@ -130,7 +131,8 @@ def frontend_deployment(body: dict) -> dict:
         # up to a minute late, the watch within a second.
         "env": [{"name": "SHOAL_DISCOVERY_CONFIGMAP", "value": L.discovery_name(name)},
                 {"name": "POD_NAMESPACE",
-                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": ROUTING_ENV, "value": _typed(spec).frontend_routing}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if fe.get("resources"):

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, object] = {
     "nodesPerGroup": 1,
     "masterPort": 29500,
     "frontend.replicas": 1,
+    "frontend.routing": "least-outstanding",
     "engine.startupTimeoutSeconds": 1200,
     "modelVolume.mountPath": "/models",
     "shutdown.timeoutSeconds": 30,
@@ -69,6 +70,7 @@ class EngineSpec:
     master_port: int
     frontend_replicas: int
     frontend_image: str
+    frontend_routing: str  # least-outstanding | prefix-affinity
     startup_timeout_seconds: int
     model_mount_path: str
     shutdown_timeout_seconds: int  # 0 = abort at once
@@ -95,6 +97,7 @@ class EngineSpec:
             master_port=int(_get(spec, "masterPort")),
             frontend_replicas=int(_get(spec, "frontend.replicas")),
             frontend_image=str((spec.get("frontend") or {}).get("image") or frontend_default),
+            frontend_routing=str(_get(spec, "frontend.routing")),
             startup_timeout_seconds=int(_get(spec, "engine.startupTimeoutSeconds")),
             model_mount_path=str(_get(spec, "modelVolume.mountPath")),
             shutdown_timeout_seconds=int(_get(spec, "shutdown.timeoutSeconds")),

@@ -1,5 +1,5 @@
 """The fleet frontend (`shoal serve --frontend-only`) and the fleet gateway
-(`python -m shoal.engine.router.gateway`): OpenAI-aware HTTP routers.
+(`shoal gateway`): OpenAI-aware HTTP routers.
 
 They load no model and speak no ZeroMQ: they forward plain OpenAI HTTP to engine groups (each a
 `shoal serve` or `vllm serve` rank 0) listed in the operator's discovery data.
