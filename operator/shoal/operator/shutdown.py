@@ -41,8 +41,12 @@ class OrderedStop:
             return None if reason in ("scale-down", "delete") else mem
         timeout = st.spec.shutdown_timeout_seconds
         mem.update(phase=GroupPhase.UPDATING if reason == "update" else GroupPhase.DRAINING, stopReason=reason)
-        dead = root_cause(list(pods.values()))
         rank0 = pods.get(0)
+        # Once rank 0 drains, its headless ranks exiting is part of the stop: node 0 tells them
+        # to stop when its engine ends (found on real pods: rank 1 exited before the kubelet
+        # reported rank 0's end, and the drain was misreported as a dead engine).
+        draining = rank0 is not None and is_stopping(rank0) or bool(mem.get("drainStartTime"))
+        dead = None if draining else root_cause(list(pods.values()))
         if timeout == 0 or dead is not None:
             if not all(is_stopping(p) for p in pods.values()):
                 events.emit(self.kube, st.body, events.NORMAL, "GroupAborted",
