@@ -1,0 +1,188 @@
+"""Plumbing shared by the generation endpoints: fan a request out into one engine request per
+choice, collect or stream the choices, and stop when the client leaves.
+
+`Serving` lives in the API server process, one per app; the endpoint groups
+(serving_completions.py, serving_chat.py, serving_admin.py) hold only their request shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from shoal.engine.entrypoints.http_errors import error_json
+from shoal.engine.frontend.async_llm import AsyncLLM
+from shoal.engine.frontend.errors import RequestError
+from shoal.engine.frontend.output_processor import RequestOutput
+from shoal.engine.wire import SamplingParams
+
+logger = logging.getLogger("shoal.engine.api")
+_json = msgspec.json.Encoder()
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(obj) -> bytes:
+    return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+async def merged_choices(gens: list[AsyncIterator[RequestOutput]]
+                         ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, delta) from several generators as they come; closes all on exit."""
+    if len(gens) == 1:
+        async with contextlib.aclosing(gens[0]) as g:
+            async for out in g:
+                yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(gen) as g:
+                async for out in g:
+                    queue.put_nowait((i, out))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the consumer
+            queue.put_nowait((i, exc))
+            return
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def until_disconnect(request: Request, coro):
+    """Run `coro`; if the client disconnects first, cancel it (its requests are aborted)."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+@dataclass
+class Collected:
+    """Every choice of a non-streaming request, gathered."""
+
+    texts: list[str]
+    finish: list[str | None]
+    stop_reason: list
+    completion_tokens: list[int]
+    token_ids: list[list[int]]
+
+
+async def collect(gens) -> Collected:
+    c = Collected([""] * len(gens), [None] * len(gens), [None] * len(gens), [0] * len(gens),
+                  [[] for _ in gens])
+    async for i, out in merged_choices(gens):
+        c.texts[i] += out.text
+        c.token_ids[i] += out.token_ids
+        c.completion_tokens[i] = out.num_output_tokens
+        if out.finished:
+            c.finish[i], c.stop_reason[i] = out.finish_reason, out.stop_reason
+    return c
+
+
+@dataclass
+class Serving:
+    """What every endpoint group needs: the engine client and the names it serves under."""
+
+    llm: AsyncLLM
+    served_model_names: list[str]
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.served_model_names:
+            raise RequestError(f"The model `{name}` does not exist. Served models: "
+                               f"{self.served_model_names}.", 404)
+
+    def ensure_available(self) -> None:
+        self.llm._check_available()
+
+    def start_choices(self, prompts: list[list[int]], params: SamplingParams, n: int,
+                      request_id: str) -> list[AsyncIterator[RequestOutput]]:
+        """One engine request per (prompt, choice); seeds step by choice, as vLLM's do."""
+        per_choice = []
+        for ids in prompts:
+            for j in range(n):
+                p = msgspec.structs.replace(params, seed=None if params.seed is None
+                                            else params.seed + j)
+                # Validate now, so a bad request is a 400 before any stream starts.
+                self.llm.input_processor.process("validate", ids, msgspec.structs.replace(p))
+                per_choice.append((ids, p))
+        return [self.llm.generate(ids, p, f"{request_id}-{i}")
+                for i, (ids, p) in enumerate(per_choice)]
+
+    async def respond(self, request: Request, gens, n_prompt: list[int], head: dict,
+                      choice_body, prompt_ids: list[list[int]] | None = None) -> Response:
+        """The non-streaming answer: every choice collected, its body `choice_body(text)`; 499 if
+        the client left first (its requests are aborted). With `prompt_ids` (vLLM's
+        return_token_ids) each choice also carries its prompt's and its own token ids."""
+        c = await until_disconnect(request, collect(gens))
+        if c is None:
+            return Response(status_code=499)
+        choices = [{"index": i, **choice_body(c.texts[i]), "logprobs": None,
+                    "finish_reason": c.finish[i], "stop_reason": c.stop_reason[i]}
+                   for i in range(len(gens))]
+        if prompt_ids is not None:
+            for i, choice in enumerate(choices):
+                choice["prompt_token_ids"], choice["token_ids"] = prompt_ids[i], c.token_ids[i]
+        return JSONResponse({**head, "choices": choices,
+                             "usage": usage(sum(n_prompt), sum(c.completion_tokens))})
+
+    async def stream_events(self, gens, make_chunk, n_prompt: list[int], include_usage: bool,
+                            first_chunks: list[bytes]) -> AsyncIterator[bytes]:
+        """SSE bytes: `first_chunks`, one chunk per delta with text or a finish, the usage chunk
+        if asked, and `data: [DONE]`; a failure after the 200 is reported in-band."""
+        completion = [0] * len(gens)
+        try:
+            for c in first_chunks:
+                yield c
+            async for i, out in merged_choices(gens):
+                completion[i] = out.num_output_tokens
+                if out.text or out.finished:
+                    yield sse(make_chunk(i, out))
+            if include_usage:
+                yield sse(make_chunk(None, None, usage=usage(sum(n_prompt), sum(completion))))
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            status, body = error_json(exc)
+            logger.warning("stream failed (%d): %s", status, body["error"]["message"])
+            yield sse(body)
+        yield b"data: [DONE]\n\n"

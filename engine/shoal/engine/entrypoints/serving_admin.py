@@ -1,0 +1,68 @@
+"""The endpoints around generation: models, health, version, metrics, tokenize, detokenize."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from shoal.engine import __version__
+from shoal.engine.entrypoints.http_errors import error_response
+from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
+from shoal.engine.entrypoints.serving import Serving
+from shoal.engine.frontend.errors import InvalidRequestError
+
+
+def admin_router(s: Serving) -> APIRouter:
+    router = APIRouter()
+    llm = s.llm
+
+    @router.get("/v1/models")
+    async def models():
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
+             "root": llm.config.model, "parent": None, "max_model_len": llm.max_model_len}
+            for name in s.served_model_names]}
+
+    @router.get("/health")
+    async def health():
+        if llm.dead_error is not None:
+            return error_response(503, str(llm.dead_error), "EngineDeadError")
+        if not llm.is_healthy:
+            return error_response(503, "the server is shutting down", "ServiceUnavailableError")
+        return Response(status_code=200)
+
+    @router.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @router.get("/metrics")
+    async def metrics():
+        return Response(llm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        s.check_model(body.model)
+        if body.messages is not None:
+            ids = llm.input_processor.render_chat(
+                [{"role": m.role, "content": m.text()} for m in body.messages],
+                body.add_generation_prompt)
+        elif body.prompt is not None:
+            ids = llm.input_processor.tokenize(body.prompt, body.add_special_tokens)
+        else:
+            raise InvalidRequestError("send either 'prompt' or 'messages'.")
+        return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        s.check_model(body.model)
+        vocab = llm.input_processor.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary "
+                                      f"[0, {vocab}).")
+        return {"prompt": llm.tokenizer.decode(body.tokens)}
+
+    return router
