@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from shoal.engine import __version__
-from shoal.engine.entrypoints.http_errors import error_json, error_response, validation_message
+from shoal.engine.entrypoints.http_errors import (
+    error_response,
+    exception_response,
+    validation_error,
+)
 from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
@@ -28,7 +31,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError):
-        return error_response(400, validation_message(exc), "BadRequestError")
+        message, param = validation_error(exc)
+        return error_response(400, message, "BadRequestError", param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, exc: StarletteHTTPException):
@@ -38,8 +42,7 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     @app.exception_handler(RequestError)
     @app.exception_handler(EngineDeadError)
     async def _on_request_error(request: Request, exc: Exception):
-        status, body = error_json(exc)
-        return JSONResponse(body, status_code=status)
+        return exception_response(exc)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
