@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from shoal.engine import __version__
 from shoal.engine.entrypoints.http_errors import (
+    add_error_schema,
     error_response,
     exception_response,
     validation_error,
@@ -57,4 +58,23 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     serving = Serving(llm, served_model_names)
     for router in (completions_router(serving), chat_router(serving), admin_router(serving)):
         app.include_router(router)
+    _document_errors(app)
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """GET /openapi.json with OpenAI's error schema, and without FastAPI's automatic 422: a body
+    that fails validation is answered 400 (above); each route documents its own errors."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        add_error_schema(schema)
+        return schema
+
+    app.openapi = openapi

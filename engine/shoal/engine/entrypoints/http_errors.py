@@ -10,9 +10,65 @@ from __future__ import annotations
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from shoal.engine.entrypoints.protocol import NOT_IMPLEMENTED_VALUE
 from shoal.engine.frontend.errors import RequestError
 from shoal.engine.mp_client import EngineDeadError
+
+
+class ErrorDetail(BaseModel):
+    message: str  # what went wrong and what to change
+    type: str  # e.g. BadRequestError, NotFoundError, ServiceUnavailableError
+    param: str | None = None  # the offending request field, when one is to blame
+    code: int  # the HTTP status again
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, the model of every documented error response."""
+
+    error: ErrorDetail
+
+
+_WHEN = {
+    400: "The request is invalid or uses a field this server does not implement; the message "
+         "says what to change.",
+    401: "Missing or wrong API key (only when the server runs with --api-key).",
+    404: "The model named in the request is not served here.",
+    500: "The engine died; the message names the process, rank and root cause.",
+    503: "The server is draining or shutting down and admits no new requests; retry after "
+         "Retry-After seconds (on another replica).",
+}
+_RETRY_AFTER_HEADER = {"Retry-After": {"description": "Seconds to wait before retrying.",
+                                       "schema": {"type": "integer"}}}
+# What each endpoint group can answer besides its 200 (the route decorators' `responses=`).
+GENERATION_ERRORS = (400, 401, 404, 500, 503)
+TOKENIZER_ERRORS = (400, 404)
+
+
+ERROR_SCHEMA_REF = "#/components/schemas/ErrorResponse"
+
+
+def error_responses(*codes: int) -> dict[int | str, dict]:
+    """OpenAPI `responses=` for these error statuses, each OpenAI's error JSON.
+
+    The content is named explicitly as application/json (not via `model=`, which FastAPI files
+    under the route's own media type: /health's 200 is text/plain); build_app adds the
+    ErrorResponse schema to the document's components."""
+    content = {"application/json": {"schema": {"$ref": ERROR_SCHEMA_REF}}}
+    out: dict[int | str, dict] = {}
+    for code in codes:
+        out[code] = {"description": _WHEN[code], "content": content}
+        if code == 503:
+            out[code]["headers"] = _RETRY_AFTER_HEADER
+    return out
+
+
+def add_error_schema(schema: dict) -> None:
+    """Put ErrorResponse (and the models it uses) into an OpenAPI document's components."""
+    model = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(model.pop("$defs", {}))
+    components["ErrorResponse"] = model
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None,
