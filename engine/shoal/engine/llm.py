@@ -1,6 +1,6 @@
 """Offline API with vLLM's names and shapes: `LLM(model=..., **engine_args)`,
 `llm.generate(prompts, sampling_params)` and `llm.chat(messages, sampling_params)` return a
-list of RequestOutput, each with `n` CompletionOutputs (see outputs below).
+list of RequestOutput, each with `n` CompletionOutputs (the dataclasses below).
 
 The engine runs in this process (InprocClient); the request goes through the same front half as
 the HTTP server's: the InputProcessor (validation, the model's extra end tokens, max_tokens up to
