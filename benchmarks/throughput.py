@@ -59,7 +59,7 @@ def run_shoal(path: str, prompts, out_len: int, args) -> tuple[Clock, int]:
         outs = llm.generate(prompts, params)
     clock.preemptions = llm.stats["num_preemptions"]
     llm.shutdown()
-    produced = sum(len(o.token_ids) for o in outs)
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
     assert produced == len(prompts) * out_len, produced
     return clock, produced
 

@@ -75,7 +75,7 @@ def test_bfloat16_engine_generates(make_llm, tiny_model):
     assert k_cache.dtype == torch.bfloat16
     outs = llm.generate([[5, 6, 7], list(range(100, 160))],
                         wire.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
-    assert [len(o.token_ids) for o in outs] == [6, 6]
+    assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6]
     f32 = make_llm(tiny_model, dtype="float32", max_model_len=256)
     ref = f32.generate([[5, 6, 7]], wire.SamplingParams(temperature=0.0, max_tokens=1))
-    assert outs[0].token_ids[0] == ref[0].token_ids[0]  # the first greedy token survives bf16
+    assert outs[0].outputs[0].token_ids[0] == ref[0].outputs[0].token_ids[0]  # the first greedy token survives bf16

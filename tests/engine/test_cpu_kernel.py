@@ -136,7 +136,7 @@ def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
     with_kernel = make_llm(tiny_model, dtype="float32", max_model_len=256)
     runner = with_kernel.engine_core.model_executor.worker.model_runner
     assert runner.decode_kernel is not None
-    expected = [o.token_ids for o in with_kernel.generate(prompts, params)]
+    expected = [o.outputs[0].token_ids for o in with_kernel.generate(prompts, params)]
 
     monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))  # nothing built here yet
     monkeypatch.setenv("CC", "no-such-compiler")
@@ -145,7 +145,7 @@ def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
     fallback = make_llm(tiny_model, dtype="float32", max_model_len=256)
     assert fallback.engine_core.model_executor.worker.model_runner.decode_kernel is None
     assert "no C compiler" in caplog.text
-    assert [o.token_ids for o in fallback.generate(prompts, params)] == expected
+    assert [o.outputs[0].token_ids for o in fallback.generate(prompts, params)] == expected
 
 
 def test_the_kernel_can_be_switched_off(monkeypatch):

@@ -176,7 +176,7 @@ def test_greedy_equals_transformers_with_chunked_prefill_and_prefix_caching(
     assert llm.stats["prefix_cache_hits"] > 0, "the second batch should reuse cached blocks"
     assert llm.stats["steps"] > 2 * MAX_NEW + 4, "the 20-token budget should chunk the prompts"
     for i, (p, ref, out) in enumerate(zip(first + second, reference, outputs, strict=True)):
-        got = out.token_ids
+        got = out.outputs[0].token_ids
         if got == ref:
             continue
         pos = next(j for j, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b)

@@ -56,4 +56,4 @@ def test_qwen2_matches_transformers(make_llm, tiny_qwen2_model):
     with torch.inference_mode():
         for p, out in zip(prompts, outs, strict=True):
             ref = hf.generate(torch.tensor([p]), generation_config=config)[0, len(p):].tolist()
-            assert out.token_ids == ref
+            assert out.outputs[0].token_ids == ref

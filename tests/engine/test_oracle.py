@@ -64,8 +64,8 @@ def compare(hf_model, prompts, reference, outputs) -> list[str]:
     """Assert equality up to near-ties; return a description of each accepted divergence."""
     accepted = []
     for i, (p, ref, out) in enumerate(zip(prompts, reference, outputs, strict=True)):
-        got = out.token_ids
-        assert len(got) == MAX_NEW and out.finish_reason == "length", (i, out)
+        got = out.outputs[0].token_ids
+        assert len(got) == MAX_NEW and out.outputs[0].finish_reason == "length", (i, out)
         if got == ref:
             continue
         pos = next(j for j, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b)
@@ -109,6 +109,7 @@ def test_string_prompts_match_transformers(make_llm, tiny_model, hf_model):
         ids = tok(text, return_tensors="pt").input_ids
         assert out.prompt_token_ids == ids[0].tolist()
         ref = hf_model.generate(ids, generation_config=greedy_config(hf_model, 8))
-        assert out.token_ids == ref[0, ids.shape[1]:].tolist()
-        assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
-    assert len({tuple(o.token_ids) for o in outs}) == len(texts), "outputs should differ per prompt"
+        got = out.outputs[0]
+        assert got.token_ids == ref[0, ids.shape[1]:].tolist()
+        assert got.text == tok.decode(got.token_ids, skip_special_tokens=True)
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) == len(texts), "outputs should differ per prompt"

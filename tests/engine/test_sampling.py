@@ -81,29 +81,30 @@ PROMPTS = [[40, 41, 42, 43], [500, 600, 700], [1000 + i for i in range(20)]]
 
 def test_seed_makes_sampling_reproducible(llm):
     params = wire.SamplingParams(temperature=1.0, seed=42, max_tokens=16, ignore_eos=True)
-    first = [o.token_ids for o in llm.generate(PROMPTS, params)]
-    again = [o.token_ids for o in llm.generate(PROMPTS[::-1], params)][::-1]
+    first = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[::-1], params)][::-1]
     assert first == again
     other = llm.generate(PROMPTS, wire.SamplingParams(temperature=1.0, seed=7, max_tokens=16,
                                                       ignore_eos=True))
-    assert [o.token_ids for o in other] != first
+    assert [o.outputs[0].token_ids for o in other] != first
 
 
 def test_max_tokens_and_length_finish(llm):
     outs = llm.generate(PROMPTS, wire.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
-    assert all(len(o.token_ids) == 5 and o.finish_reason == "length" for o in outs)
+    assert all(len(o.outputs[0].token_ids) == 5 and o.outputs[0].finish_reason == "length"
+               for o in outs)
 
 
 def test_stop_token_ids_and_min_tokens(llm):
     greedy = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6,
-                                                          ignore_eos=True))[0].token_ids
+                                                          ignore_eos=True))[0].outputs[0].token_ids
     stop = greedy[2]
     out = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6,
-                                                       stop_token_ids=[stop], ignore_eos=True))[0]
+                                                       stop_token_ids=[stop], ignore_eos=True))[0].outputs[0]
     assert out.token_ids == greedy[:3] and out.finish_reason == "stop" and out.stop_reason == stop
     first = greedy[0]
     held = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6, min_tokens=3,
-                                                        stop_token_ids=[first], ignore_eos=True))[0]
+                                                        stop_token_ids=[first], ignore_eos=True))[0].outputs[0]
     assert len(held.token_ids) >= 3 and held.token_ids[0] != first
 
 
@@ -111,14 +112,14 @@ def test_generation_stops_at_the_context_length(make_llm, tiny_model):
     llm = make_llm(tiny_model, max_model_len=32)
     out = llm.generate([list(range(100, 128))], wire.SamplingParams(temperature=0.0,
                                                                     max_tokens=None,
-                                                                    ignore_eos=True))[0]
+                                                                    ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
 
 
 def test_bad_prompt_in_a_batch_submits_nothing_and_the_engine_keeps_working(llm):
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length"):
         llm.generate([[5, 6], list(range(5, 5 + 300))], wire.SamplingParams(max_tokens=2))
     assert not llm.engine_core.has_unfinished_requests()
-    assert len(llm.generate([[5, 6]], wire.SamplingParams(max_tokens=2))[0].token_ids) == 2
+    assert len(llm.generate([[5, 6]], wire.SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
     with pytest.raises(ValueError, match="max_tokens"):
         llm.generate([[5, 6]], wire.SamplingParams(max_tokens=0))

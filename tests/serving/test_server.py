@@ -168,8 +168,8 @@ def test_greedy_http_output_equals_offline_llm_generate(client, tiny_model):
         llm.shutdown()
     for prompt, ref in zip(PROMPTS, offline, strict=True):
         r = greedy(client, prompt, max_tokens=20)
-        assert r.choices[0].text == ref.text
-        assert r.usage.completion_tokens == len(ref.token_ids)
+        assert r.choices[0].text == ref.outputs[0].text
+        assert r.usage.completion_tokens == len(ref.outputs[0].token_ids)
 
 
 def test_slow_consumer_gets_every_token_exactly_once(server, client):

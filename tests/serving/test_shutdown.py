@@ -45,9 +45,10 @@ def test_sigterm_with_a_timeout_drains_running_requests_and_refuses_new_ones(ser
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: httpx.get(f"{server.url}/health").status_code == 503, 10,
                  "/health to report the drain")
+        assert httpx.get(f"{server.url}/health").headers["retry-after"] == "1"
         refused = httpx.post(f"{server.url}/v1/completions",
                              json={"model": MODEL_NAME, "prompt": "a"}, timeout=10)
-        assert refused.status_code == 503
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert "shutting down" in refused.json()["error"]["message"]
         events = first + _events(lines)
     chunks = [json.loads(e) for e in events[:-1]]

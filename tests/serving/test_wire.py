@@ -51,8 +51,10 @@ def test_request_type_tags_are_single_bytes_and_stable():
 
 # The decode batch of two requests (handles 1 and 2, tokens 100 and 7000) with scheduler stats
 # and a fixed timestamp. If this changes, the wire ABI changed: bump PROTOCOL_VERSION and say why.
+# msgspec writes trailing defaults of array-like structs, so an APPENDED field shows up here too
+# (both sides still decode the other's bytes); SchedulerStats is 8 fields (first_scheduled: c0).
 DECODE_BATCH_VECTOR = bytes.fromhex(
-    "9c000202c40401000200c4046400581b9090970200cb3fe000000000000000000009"
+    "9c000202c40401000200c4046400581b9090980200cb3fe000000000000000000009c0"
     "cb405ee00000000000c0c0c0")
 
 

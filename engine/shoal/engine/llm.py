@@ -1,43 +1,88 @@
-"""Offline API: `LLM(model, **engine_args).generate(prompts, sampling_params)`.
+"""Offline API with vLLM's names and shapes: `LLM(model=..., **engine_args)`,
+`llm.generate(prompts, sampling_params)` and `llm.chat(messages, sampling_params)` return a
+list of RequestOutput, each with `n` CompletionOutputs (the dataclasses below).
 
-The LLM owns the tokenizer (the engine only sees token ids) and an EngineCoreClient
-(InprocClient: the engine runs in this process). `generate` submits every prompt at once and
-steps the engine until all are finished, so they are batched together.
+The engine runs in this process (InprocClient); the request goes through the same front half as
+the HTTP server's: the InputProcessor (validation, the model's extra end tokens, max_tokens up to
+the context) and the OutputProcessor (incremental detokenization, stop strings), so the text is
+the server's. `generate` submits every prompt (n engine requests each, seeds stepping by choice
+as the server's do) at once and steps the engine until all finish, so they batch together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import time
 from dataclasses import dataclass, field
 
+import msgspec
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 
+# vLLM `LLM(...)` arguments that mean nothing here, and the values accepted: this engine never
+# captures CUDA graphs (always eager) and runs no remote code.
+NO_OP_ARGS = {"enforce_eager": (True, False), "trust_remote_code": (False,)}
+_DERIVED = {"architectures", "model_max_len"}  # EngineConfig fields set from config.json
+
 
 @dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None  # "stop", "length", "abort", "error"
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
+class CompletionOutput:
+    """One sampled completion of a request (vLLM's CompletionOutput)."""
 
-    @property
+    index: int  # which of the request's n completions
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None  # not computed by this engine
+    logprobs: list | None = None  # not computed by this engine
+    finish_reason: str | None = None  # "stop", "length", "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-class LLM:
-    def __init__(self, model: str, *, tokenizer: str | None = None, **engine_args) -> None:
-        from shoal.engine.core_client import InprocClient
-        from transformers import AutoTokenizer
+@dataclass
+class RequestOutput:
+    """One prompt's outputs (vLLM's RequestOutput); `prompt` is None for token-id prompts."""
 
-        self.config = EngineConfig(model=model, **engine_args)
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    prompt_logprobs: list | None = None  # not computed by this engine
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first choice)
+
+
+def _engine_args(kwargs: dict) -> dict:
+    """EngineConfig's arguments out of LLM's; a vLLM argument this engine does not implement
+    (or a no-op one with a value that would mean something) is a TypeError naming it."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - _DERIVED
+    unknown = sorted(k for k in kwargs if k not in known and k not in NO_OP_ARGS)
+    bad = sorted(f"{k}={kwargs[k]!r}" for k in NO_OP_ARGS
+                 if k in kwargs and kwargs[k] not in NO_OP_ARGS[k])
+    if unknown or bad:
+        raise TypeError(f"LLM() got argument(s) this engine does not implement: "
+                        f"{', '.join(unknown + bad)}; it takes {sorted(known)} and, as no-ops, "
+                        f"{sorted(NO_OP_ARGS)}.")
+    return {k: v for k, v in kwargs.items() if k not in NO_OP_ARGS}
+
+
+class LLM:
+    def __init__(self, model: str, *, tokenizer: str | None = None, **kwargs) -> None:
+        from shoal.engine.core_client import InprocClient
+        from shoal.engine.frontend.async_llm import _extra_eos_ids
+        from shoal.engine.frontend.input_processor import InputProcessor
+        from shoal.engine.frontend.tokenizer import load_tokenizer
+
+        self.config = EngineConfig(model=model, **_engine_args(kwargs))
+        self.tokenizer = load_tokenizer(tokenizer or model)
         self.client = InprocClient(self.config)
+        core = self.client.engine_core
+        self.input_processor = InputProcessor(
+            self.tokenizer, max_model_len=core.max_model_len,
+            vocab_size=core.vocab_size or len(self.tokenizer),
+            extra_eos_token_ids=_extra_eos_ids(model))
         self._ids = itertools.count()
         # Totals over every step this LLM ran (from SchedulerStats), for tests and benchmarks.
         self.stats = {"steps": 0, "num_preemptions": 0, "prefix_cache_queries": 0,
@@ -47,21 +92,48 @@ class LLM:
     def engine_core(self):
         return self.client.engine_core
 
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def _prompt(self, prompt) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a string, a token-id list, or vLLM's {"prompt": ...} /
+        {"prompt_token_ids": ...} dicts."""
+        if isinstance(prompt, dict):
+            extra = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            if extra or len(prompt) != 1:
+                raise ValueError(f"a prompt dict takes exactly one of 'prompt' or "
+                                 f"'prompt_token_ids'; got keys {sorted(prompt)}.")
+            prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
         if isinstance(prompt, str):
-            return self.tokenizer(prompt).input_ids
-        return list(prompt)
+            return prompt, self.input_processor.tokenize(prompt)
+        return None, list(prompt)
 
-    def generate(
-        self,
-        prompts: str | list[int] | list[str | list[int]],
-        sampling_params: wire.SamplingParams | list[wire.SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Generate for every prompt (strings or token-id lists); outputs in prompt order.
-
-        A bad prompt or parameter raises ValueError before anything is submitted."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    def generate(self, prompts, sampling_params: wire.SamplingParams | list | None = None, *,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs in prompt order. `use_tqdm` is accepted for vLLM's
+        signature; no progress bar is drawn. A bad prompt or parameter raises ValueError before
+        anything is submitted."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        return self._run([self._prompt(p) for p in prompts], sampling_params)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: wire.SamplingParams | list | None = None, *,
+             add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate a reply to one conversation (a list of {"role", "content"}) or to each of
+        several, through the model's chat template (as the server's /v1/chat/completions)."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        rendered = []
+        for conv in conversations:
+            ids = self.input_processor.render_chat(conv, add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt, tokenize=False)
+            rendered.append((text, ids))
+        return self._run(rendered, sampling_params)
+
+    def _run(self, prompts: list[tuple[str | None, list[int]]], sampling_params
+             ) -> list[RequestOutput]:
+        from shoal.engine.frontend.output_processor import OutputProcessor
+
         if not prompts:
             return []
         if sampling_params is None:
@@ -70,42 +142,54 @@ class LLM:
                   else [sampling_params] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
-        requests = [
-            wire.EngineCoreRequest(f"llm-{next(self._ids)}", self._tokenize(p), sp, time.time(),
-                                   self.tokenizer.eos_token_id)
-            for p, sp in zip(prompts, params, strict=True)
-        ]
-        for req in requests:  # validate all first: a bad prompt submits nothing
-            self._validate(req)
-        results = {r.request_id: RequestOutput(r.request_id, r.prompt_token_ids) for r in requests}
+        op = OutputProcessor(self.tokenizer)
+        results, requests, slots = [], [], {}
+        for (text, ids), sp in zip(prompts, params, strict=True):
+            sp.verify()
+            if sp.logprobs is not None:
+                raise ValueError("LLM does not return logprobs yet; leave logprobs=None.")
+            rid = str(next(self._ids))
+            res = RequestOutput(rid, text, ids, [CompletionOutput(j, "", []) for j in range(sp.n)])
+            results.append(res)
+            for out in res.outputs:  # validate all first: a bad prompt submits nothing
+                p = msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None
+                                            else sp.seed + out.index)
+                req = self.input_processor.process(f"{rid}-{out.index}", ids, p)
+                requests.append(req)
+                slots[req.request_id] = (res, out, op.add_request(
+                    req.request_id, req.request_id, len(ids), req.sampling_params))
         added = []
         try:
             for req in requests:
                 self.client.add_request(req)
                 added.append(req.request_id)
-            while any(not o.finished for o in results.values()):
+            while op.request_states:
                 outputs = self.client.get_output()
-                self._collect(outputs, results)
+                to_abort = op.process_outputs(outputs.outputs)
+                if to_abort:  # stop strings, found here
+                    self.client.abort_requests(to_abort)
                 self._count(outputs.scheduler_stats)
+                self._collect(slots)
         except BaseException:
-            self.client.abort_requests(added)
+            self.client.abort_requests([r for r in added if r in op.request_states])
             raise
-        for out, req in zip(results.values(), requests, strict=True):
-            out.text = self.tokenizer.decode(
-                out.token_ids, skip_special_tokens=req.sampling_params.skip_special_tokens)
-        return list(results.values())
+        for res in results:
+            res.finished = all(o.finished() for o in res.outputs)
+        return results
 
-    def _validate(self, req: wire.EngineCoreRequest) -> None:
-        req.sampling_params.verify()
-        if req.sampling_params.n != 1:
-            raise ValueError(f"LLM.generate takes n=1, got n={req.sampling_params.n}; repeat the "
-                             "prompt (with different seeds) for several samples.")
-        core = self.client.engine_core
-        if not req.prompt_token_ids:
-            raise ValueError("a prompt is empty; send at least one token.")
-        if len(req.prompt_token_ids) >= core.max_model_len:
-            raise ValueError(f"a prompt has {len(req.prompt_token_ids)} tokens but the context "
-                             f"length (max_model_len) is {core.max_model_len}; shorten it.")
+    @staticmethod
+    def _collect(slots: dict) -> None:
+        for engine_id, (res, out, collector) in list(slots.items()):
+            delta = collector.get_nowait()
+            if delta is None:
+                continue
+            out.text += delta.text
+            out.token_ids += delta.token_ids
+            if out.index == 0 and delta.num_cached_tokens:
+                res.num_cached_tokens = delta.num_cached_tokens
+            if delta.finished:
+                out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
+                del slots[engine_id]
 
     def _count(self, stats: wire.SchedulerStats | None) -> None:
         if stats is None:
@@ -114,19 +198,6 @@ class LLM:
         self.stats["num_preemptions"] += stats.num_preemptions
         self.stats["prefix_cache_queries"] += stats.prefix_cache_queries
         self.stats["prefix_cache_hits"] += stats.prefix_cache_hits
-
-    @staticmethod
-    def _collect(outputs: wire.EngineCoreOutputs, results: dict[str, RequestOutput]) -> None:
-        for o in outputs.outputs:
-            res = results.get(o.request_id)
-            if res is None:
-                continue
-            if o.new_token_ids and not res.token_ids:
-                res.num_cached_tokens = o.num_cached_tokens
-            res.token_ids.extend(o.new_token_ids)
-            if o.finish_reason is not None:
-                res.finish_reason = str(o.finish_reason)
-                res.stop_reason = o.stop_reason
 
     def get_kv_stats(self) -> dict:
         return self.client.call_utility("get_kv_stats")

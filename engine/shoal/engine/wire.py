@@ -158,6 +158,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_hits: int = 0  # tokens found this step
     num_preemptions: int = 0  # preemptions this step
     step_counter: int = 0  # total engine steps so far: stall detection
+    # Requests scheduled for the first time this step, each [engine request id, seconds it
+    # waited in the engine's queue] on the engine's clock: vLLM's request_queue_time_seconds,
+    # and the start of prefill for request_prefill_time_seconds.
+    first_scheduled: list[tuple[str, float]] | None = None
 
 
 class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
@@ -42,6 +43,8 @@ class EngineCore:
         if executor_class is None:
             executor_class = default_executor_class(config)
         self.config = config
+        # When each request not yet scheduled arrived here (monotonic): its queue time.
+        self._queued_at: dict[str, float] = {}
         self.model_executor = executor_class(config)
         self.num_blocks = self.model_executor.determine_num_kv_blocks()
         self.block_size = config.block_size
@@ -98,10 +101,13 @@ class EngineCore:
             raise ValueError(f"request {request.request_id}: min_tokens={params.min_tokens} "
                              f"cannot be met: only {max_tokens} tokens fit in the context.")
         self.scheduler.add_request(Request.from_engine_core_request(request, max_tokens))
+        self._queued_at[request.request_id] = time.monotonic()
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort now (call from the thread that steps). Idempotent."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for rid in request_ids:
+            self._queued_at.pop(rid, None)
 
     def enqueue_aborts(self, request_ids: list[str]) -> None:
         """Thread-safe: aborts applied by the next step, right after its forward pass."""
@@ -129,12 +135,24 @@ class EngineCore:
             self._process_aborts_queue()
             return StepOutput()
         scheduler_output = self.scheduler.schedule()
+        first_scheduled = self._first_scheduled(scheduler_output)
         model_output = self.model_executor.execute_model(scheduler_output)
         # Aborts that arrived during the forward pass take effect on this same step.
         self._process_aborts_queue()
         step = self.scheduler.update_from_output(scheduler_output, model_output)
         step.scheduler_stats = self.make_stats()
+        step.scheduler_stats.first_scheduled = first_scheduled
         return step
+
+    def _first_scheduled(self, scheduler_output) -> list[tuple[str, float]] | None:
+        """[request id, seconds queued] for requests scheduled for the first time (a request
+        preempted and rescheduled is not new: its entry is gone)."""
+        if not scheduler_output.new_requests:
+            return None
+        now, queued = time.monotonic(), self._queued_at
+        waited = [(nr.req_id, now - queued.pop(nr.req_id)) for nr in scheduler_output.new_requests
+                  if nr.req_id in queued]
+        return waited or None
 
     def step(self) -> wire.EngineCoreOutputs:
         """One step, one EngineCoreOutput per request that produced something."""

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from shoal.engine import __version__
-from shoal.engine.entrypoints.http_errors import error_json, error_response, validation_message
+from shoal.engine.entrypoints.http_errors import (
+    add_error_schema,
+    error_response,
+    exception_response,
+    validation_error,
+)
 from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
@@ -28,7 +32,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError):
-        return error_response(400, validation_message(exc), "BadRequestError")
+        message, param = validation_error(exc)
+        return error_response(400, message, "BadRequestError", param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, exc: StarletteHTTPException):
@@ -38,8 +43,7 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     @app.exception_handler(RequestError)
     @app.exception_handler(EngineDeadError)
     async def _on_request_error(request: Request, exc: Exception):
-        status, body = error_json(exc)
-        return JSONResponse(body, status_code=status)
+        return exception_response(exc)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
@@ -54,4 +58,23 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     serving = Serving(llm, served_model_names)
     for router in (completions_router(serving), chat_router(serving), admin_router(serving)):
         app.include_router(router)
+    _document_errors(app)
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """GET /openapi.json with OpenAI's error schema, and without FastAPI's automatic 422: a body
+    that fails validation is answered 400 (above); each route documents its own errors."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        add_error_schema(schema)
+        return schema
+
+    app.openapi = openapi

@@ -1,24 +1,52 @@
 """OpenAI request bodies (pydantic) and their translation to SamplingParams.
 
-Unknown fields are ignored, as OpenAI's and vLLM's servers do; wrong types are a 400 that names
-the field (see api_server's validation handler).
+A field this server does not implement is a 400 that names it, never silently ignored: every
+model forbids unknown fields (`_Strict`), and http_errors.validation_error turns pydantic's
+`extra_forbidden` into "unsupported field(s): ...". Fields that OpenAI clients may send and that
+mean nothing here at their default value (`user`, `store: false`, `logit_bias: {}`, ...) are
+declared as no-ops that accept only those values (`_only`). Wrong types are a 400 naming the
+field as well.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 from shoal.engine.frontend.errors import InvalidRequestError
 from shoal.engine.wire import SamplingParams
 
+# The error type of a no-op field sent with a value that would mean something; http_errors
+# reports it with the unknown fields as "unsupported field(s)".
+NOT_IMPLEMENTED_VALUE = "not_implemented_value"
 
-class StreamOptions(BaseModel):
+
+def _only(*accepted: Any) -> AfterValidator:
+    """A no-op field: accept only the values that mean "do nothing" here; any other is a 400."""
+    shown = " or ".join(json.dumps(a) for a in accepted)
+
+    def check(value: Any) -> Any:
+        if any(value == a and type(value) is type(a) for a in accepted):
+            return value
+        raise PydanticCustomError(NOT_IMPLEMENTED_VALUE, "only {accepted} is accepted here",
+                                  {"accepted": shown})
+
+    return AfterValidator(check)
+
+
+class _Strict(BaseModel):
+    """Base of every request body: a field the server does not declare is rejected (400)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Sampling(_Strict):
 
     model: str | None = None
     max_tokens: int | None = None
@@ -39,7 +67,9 @@ class _Sampling(BaseModel):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # No-ops: OpenAI's end-user label (any value); an empty bias.
     user: str | None = None
+    logit_bias: Annotated[dict[str, float] | None, _only(None, {})] = None
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
@@ -98,14 +128,12 @@ class CompletionRequest(_Sampling):
             raise InvalidRequestError("best_of is not supported (only best_of == n).")
 
 
-class ContentPart(BaseModel):
+class ContentPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
 
@@ -121,6 +149,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # No-ops at these values: nothing is stored, metadata only tags stored completions, one
+    # tier serves everything, and without tools there are no tool calls to parallelise.
+    store: Annotated[bool | None, _only(None, False)] = None
+    metadata: dict[str, str] | None = None
+    service_tier: Annotated[str | None, _only(None, "auto", "default")] = None
+    parallel_tool_calls: Annotated[bool | None, _only(None, True)] = None
 
     def check_supported(self) -> None:
         if self.logprobs or self.top_logprobs:
@@ -129,9 +163,7 @@ class ChatCompletionRequest(_Sampling):
             self.max_tokens = self.max_completion_tokens
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -139,8 +171,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]

@@ -5,20 +5,20 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine import __version__
-from shoal.engine.entrypoints.http_errors import error_response
+from shoal.engine.entrypoints.http_errors import TOKENIZER_ERRORS, error_response, error_responses
 from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
 from shoal.engine.entrypoints.serving import Serving
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.frontend.errors import RETRY_AFTER_S, InvalidRequestError
 
 
 def admin_router(s: Serving) -> APIRouter:
     router = APIRouter()
     llm = s.llm
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses=error_responses(401))
     async def models():
         created = int(time.time())
         return {"object": "list", "data": [
@@ -26,23 +26,30 @@ def admin_router(s: Serving) -> APIRouter:
              "root": llm.config.model, "parent": None, "max_model_len": llm.max_model_len}
             for name in s.served_model_names]}
 
-    @router.get("/health")
+    @router.get("/health", response_class=PlainTextResponse, responses={
+        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
     async def health():
+        """200 with an empty text/plain body while the server admits requests (vLLM answers
+        200 with an empty body); 503 with OpenAI's error JSON once the engine is dead or the
+        server is shutting down, the latter with Retry-After (the probe takes it out of
+        rotation)."""
         if llm.dead_error is not None:
             return error_response(503, str(llm.dead_error), "EngineDeadError")
         if not llm.is_healthy:
-            return error_response(503, "the server is shutting down", "ServiceUnavailableError")
-        return Response(status_code=200)
+            return error_response(503, "the server is shutting down", "ServiceUnavailableError",
+                                  retry_after=RETRY_AFTER_S)
+        return PlainTextResponse("")
 
     @router.get("/version")
     async def version():
         return {"version": __version__}
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=Response, responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}})
     async def metrics():
         return Response(llm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @router.post("/tokenize")
+    @router.post("/tokenize", responses=error_responses(*TOKENIZER_ERRORS))
     async def tokenize(body: TokenizeRequest):
         s.check_model(body.model)
         if body.messages is not None:
@@ -55,7 +62,7 @@ def admin_router(s: Serving) -> APIRouter:
             raise InvalidRequestError("send either 'prompt' or 'messages'.")
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
 
-    @router.post("/detokenize")
+    @router.post("/detokenize", responses=error_responses(*TOKENIZER_ERRORS))
     async def detokenize(body: DetokenizeRequest):
         s.check_model(body.model)
         vocab = llm.input_processor.vocab_size

@@ -7,6 +7,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_responses
 from shoal.engine.entrypoints.protocol import CompletionRequest
 from shoal.engine.entrypoints.serving import Serving
 
@@ -14,7 +15,7 @@ from shoal.engine.entrypoints.serving import Serving
 def completions_router(s: Serving) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", responses=error_responses(*GENERATION_ERRORS))
     async def completions(body: CompletionRequest, request: Request):
         s.check_model(body.model)
         body.check_supported()

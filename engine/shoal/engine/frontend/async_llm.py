@@ -181,6 +181,8 @@ class AsyncLLM:
             while True:
                 cols = await client.get_columnar_output_async()
                 outs = cols.outputs
+                if outs.scheduler_stats is not None:  # before outputs: a request may finish now
+                    op.record_first_scheduled(outs.scheduler_stats.first_scheduled)
                 for r in outs.rejected or ():
                     op.fail_request(r.request_id, RequestRejectedError(r.message, r.status))
                 to_abort = op.process_tokens(cols.token_request_ids, cols.token_ids)
@@ -194,6 +196,7 @@ class AsyncLLM:
                     if start + OUTPUT_CHUNK_SIZE < len(items):
                         await asyncio.sleep(0)
                 metrics.record_step(outs.scheduler_stats, loop.time())
+                metrics.record_iteration(*op.take_step_tokens())
         except EngineDeadError as err:
             self.dead_error = err
             metrics.engine_alive.set(0)

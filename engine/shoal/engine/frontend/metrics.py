@@ -1,6 +1,14 @@
 """Prometheus metrics with vLLM's names and labels, so vLLM dashboards, KEDA triggers and
 autoscalers work unchanged. Fed by the output handler: scheduler gauges from each step's
-SchedulerStats, per-request histograms when a request finishes.
+SchedulerStats, token counters and tokens-per-step as each step's outputs arrive (vLLM's
+IterationStats: a prompt counts when its first token arrives), per-request histograms when a
+request finishes.
+
+Phase timings, as vLLM defines them: queue = first scheduled - arrival in the engine (measured by
+the engine, SchedulerStats.first_scheduled); prefill = first token - first scheduled; decode =
+last token - first token; inference = prefill + decode. The token times are the frontend's
+(arrival of the step's output) and "first scheduled" is the frontend's arrival time plus the
+engine-measured queue time, so every duration is taken on one clock.
 
 Labels: model_name (the served model name) and engine (the engine index, "0").
 """
@@ -17,6 +25,10 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# vLLM's buckets for the request phase histograms (its request_latency_buckets) and for tokens
+# per engine step.
+PHASE_BUCKETS = E2E_BUCKETS
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
@@ -40,8 +52,12 @@ class FrontendMetrics:
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.")
         self.engine_alive = gauge("shoal:engine_alive", "1 while the engine process is healthy.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Number of generation tokens processed.")
+        self.iteration_tokens = hist("vllm:iteration_tokens_total",
+                                     "Histogram of number of tokens per engine_step.",
+                                     ITERATION_TOKEN_BUCKETS)
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix-cache queries, in tokens.")
@@ -56,9 +72,17 @@ class FrontendMetrics:
         self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
                         E2E_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds",
-                               "Time from arrival to the first scheduled step (frontend view: "
-                               "arrival to first output minus that step's duration).",
-                               E2E_BUCKETS)
+                               "Histogram of time spent in WAITING phase for request.",
+                               PHASE_BUCKETS)
+        self.inference_time = hist("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.",
+                                   PHASE_BUCKETS)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 PHASE_BUCKETS)
+        self.decode_time = hist("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.",
+                                PHASE_BUCKETS)
         self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per request.",
                                [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
         self.gen_len = hist("vllm:request_generation_tokens", "Generated tokens per request.",
@@ -80,21 +104,32 @@ class FrontendMetrics:
             self.prefix_hits.inc(stats.prefix_cache_hits)
         self._last_step_time = now
 
+    def record_iteration(self, prompt_tokens: int, generation_tokens: int) -> None:
+        """One engine step's outputs were processed: the token counters move now, not when
+        requests end; steps that produced no token are not observed."""
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens)
+        if generation_tokens:
+            self.generation_tokens.inc(generation_tokens)
+        if prompt_tokens + generation_tokens:
+            self.iteration_tokens.observe(prompt_tokens + generation_tokens)
+
     def record_finished(self, state, reason: str, now: float) -> None:
-        """One request finished (any reason): per-request counters and histograms."""
+        """One request finished (any reason): per-request histograms (see the module docstring
+        for the phase timings)."""
         self.success.get(reason, self.success["error"]).inc()
-        self.prompt_tokens.inc(state.prompt_len)
-        self.generation_tokens.inc(state.num_output_tokens)
         self.prompt_len.observe(state.prompt_len)
         self.gen_len.observe(state.num_output_tokens)
         self.e2e.observe(now - state.arrival)
+        if state.queue_time is not None:
+            self.queue_time.observe(state.queue_time)
         if state.first_token_time is not None:
-            ttft = state.first_token_time - state.arrival
-            self.ttft.observe(ttft)
-            # Queue time: what TTFT spent before the prefill step started; the prefill itself is
-            # about one inter-token interval, which the frontend can measure.
-            step = min(state.itls) if state.itls else 0.0
-            self.queue_time.observe(max(0.0, ttft - step))
+            self.ttft.observe(state.first_token_time - state.arrival)
+            if state.queue_time is not None:
+                scheduled = state.arrival + state.queue_time
+                self.prefill_time.observe(max(0.0, state.first_token_time - scheduled))
+                self.inference_time.observe(max(0.0, state.last_token_time - scheduled))
+            self.decode_time.observe(state.last_token_time - state.first_token_time)
         for itl in state.itls:
             self.itl.observe(itl)
 

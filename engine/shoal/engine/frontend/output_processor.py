@@ -130,6 +130,7 @@ class RequestState:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     itls: list[float] = field(default_factory=list)
+    queue_time: float | None = None  # seconds in the engine's queue (SchedulerStats)
 
 
 class OutputProcessor:
@@ -137,6 +138,22 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.request_states: dict[str, RequestState] = {}
+        # Tokens of the step being processed (vLLM's IterationStats): a request's prompt counts
+        # when its first token arrives; read and reset by take_step_tokens().
+        self.step_prompt_tokens = 0
+        self.step_generation_tokens = 0
+
+    def take_step_tokens(self) -> tuple[int, int]:
+        counts = (self.step_prompt_tokens, self.step_generation_tokens)
+        self.step_prompt_tokens = self.step_generation_tokens = 0
+        return counts
+
+    def record_first_scheduled(self, waited: list[tuple[str, float]] | None) -> None:
+        """The engine scheduled these requests for the first time, after `seconds` queued."""
+        for engine_id, seconds in waited or ():
+            state = self.request_states.get(engine_id)
+            if state is not None:
+                state.queue_time = seconds
 
     def add_request(self, engine_id: str, external_id: str, prompt_len: int,
                     params: SamplingParams) -> RequestOutputCollector:
@@ -176,10 +193,12 @@ class OutputProcessor:
             if state.first_token_time is None:
                 state.first_token_time = now
                 state.num_cached_tokens = num_cached_tokens
+                self.step_prompt_tokens += state.prompt_len
             else:
                 state.itls.append(now - state.last_token_time)
             state.last_token_time = now
             state.num_output_tokens += n_new
+            self.step_generation_tokens += n_new
         stop_str = state.detok.append(new_token_ids) if n_new else None
         if stop_str is not None:
             if finish is None:

@@ -1,0 +1,85 @@
+"""`from shoal.engine import LLM, SamplingParams` as `from vllm import ...`: vLLM's offline
+example runs unchanged but for the import and the model path, outputs have vLLM's shapes, n > 1
+fans out as the server does, and vLLM arguments the engine does not implement are named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from shoal.engine import LLM, SamplingParams
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "offline_inference.py"
+
+
+@pytest.fixture(scope="module")
+def llm(make_llm, tiny_model):
+    return make_llm(tiny_model, max_model_len=256)
+
+
+def test_vllm_basic_example_runs_and_prints_each_prompt_and_output(tiny_model):
+    env = {**os.environ, "SHOAL_KV_CACHE_SPACE": "0.0625", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(EXAMPLE), tiny_model], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("Prompt:    ") == 4 and run.stdout.count("Output:    ") == 4
+    assert "Prompt:    'The capital of France is'" in run.stdout
+
+
+def test_outputs_have_vllm_shapes(llm):
+    out = llm.generate(["def main(", [5, 6, 7]], SamplingParams(temperature=0, max_tokens=5,
+                                                                 ignore_eos=True))
+    text, ids = out
+    assert text.prompt == "def main(" and text.prompt_token_ids == llm.tokenizer("def main(").input_ids
+    assert ids.prompt is None and ids.prompt_token_ids == [5, 6, 7]
+    assert text.request_id != ids.request_id and text.finished and ids.finished
+    (c,) = text.outputs
+    assert c.index == 0 and len(c.token_ids) == 5 and c.finish_reason == "length"
+    # Incremental detokenization, as the server's: an unfinished UTF-8 sequence at the end is
+    # held back rather than shown as U+FFFD.
+    assert c.text == llm.tokenizer.decode(c.token_ids, skip_special_tokens=True).rstrip("\ufffd")
+    assert c.cumulative_logprob is None and c.logprobs is None and c.stop_reason is None
+    as_dict = llm.generate({"prompt_token_ids": [5, 6, 7]},
+                           SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    assert as_dict[0].outputs[0].token_ids == ids.outputs[0].token_ids
+
+
+def test_n_choices_step_the_seed_as_the_server_does(llm):
+    greedy = llm.generate("x = ", SamplingParams(temperature=0, max_tokens=8, n=2,
+                                                 ignore_eos=True))[0].outputs
+    assert [c.index for c in greedy] == [0, 1] and greedy[0].token_ids == greedy[1].token_ids
+    sampled = llm.generate("x = ", SamplingParams(temperature=1.0, max_tokens=8, n=2, seed=11,
+                                                  ignore_eos=True))[0].outputs
+    alone = [llm.generate("x = ", SamplingParams(temperature=1.0, max_tokens=8, seed=s,
+                                                 ignore_eos=True))[0].outputs[0].token_ids
+             for s in (11, 12)]
+    assert [c.token_ids for c in sampled] == alone and alone[0] != alone[1]
+
+
+def test_stop_strings_cut_the_text_as_the_server_does(llm):
+    free = llm.generate("def main(", SamplingParams(temperature=0, max_tokens=12,
+                                                    ignore_eos=True))[0].outputs[0]
+    stop = free.text[3:5]
+    cut = llm.generate("def main(", SamplingParams(temperature=0, max_tokens=12, stop=[stop],
+                                                   ignore_eos=True))[0].outputs[0]
+    assert cut.text == free.text[:free.text.index(stop)]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+
+
+def test_chat_renders_the_template_and_generates(llm):
+    messages = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    (chat,) = llm.chat(messages, params)
+    ids = llm.input_processor.render_chat(messages)
+    assert chat.prompt_token_ids == ids and "hi" in chat.prompt
+    assert chat.outputs[0].token_ids == llm.generate([ids], params)[0].outputs[0].token_ids
+
+
+def test_vllm_arguments_this_engine_lacks_are_named(tiny_model):
+    with pytest.raises(TypeError, match="quantization, swap_space"):
+        LLM(model=tiny_model, swap_space=4, quantization="awq", enforce_eager=True)
+    with pytest.raises(TypeError, match="trust_remote_code=True"):
+        LLM(model=tiny_model, trust_remote_code=True)
