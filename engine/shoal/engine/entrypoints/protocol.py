@@ -9,12 +9,55 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from shoal.engine.entrypoints.structured_request import structured_outputs_of
 from shoal.engine.frontend.errors import InvalidRequestError
 from shoal.engine.wire import SamplingParams
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+# ----- structured output (structured_request.py reads these) ----------------------------------
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: str  # "text", "json_object", "json_schema"; others are a 400 naming it
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's `structured_outputs`; a key the server does not implement is a 400."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: str | dict | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+# ----- tools (tool_calls.py reads these) --------------------------------------------------------
+
+
+class FunctionDefinition(BaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    type: str  # only "function"; others are a 400 naming it
+    function: FunctionDefinition
 
 
 class _Sampling(BaseModel):
@@ -43,6 +86,13 @@ class _Sampling(BaseModel):
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
+    # Structured output (at most one; see structured_request.py).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         if not 1 <= self.n <= 16:
@@ -66,6 +116,7 @@ class _Sampling(BaseModel):
         if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {fields['max_tokens']}.")
+        fields["structured_outputs"] = structured_outputs_of(self)
         return SamplingParams(**fields)
 
 
@@ -108,6 +159,18 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    # Tool use in the history: an assistant's calls, and a tool's answer to one of them.
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict:
+        """The message as the chat template gets it (tool fields only when set)."""
+        msg: dict = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                msg[key] = getattr(self, key)
+        return msg
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -121,6 +184,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         if self.logprobs or self.top_logprobs:
