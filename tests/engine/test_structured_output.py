@@ -153,3 +153,18 @@ def test_apply_bitmask_keeps_exactly_the_allowed_tokens():
         assert finite == ids
         assert torch.equal(logits[row, ids], before[row, ids])
     assert torch.equal(logits[1], before[1])
+
+
+def test_the_bitmask_travels_to_the_worker_ranks_in_the_scheduler_output():
+    """Multi-rank executors send execute_model's SchedulerOutput as msgpack (worker_proc)."""
+    import msgspec
+    from shoal.engine.core.sched_output import SchedulerOutput
+    from shoal.engine.executor.worker_proc import ARG_TYPES
+
+    mask = bytes(range(16))
+    out = SchedulerOutput(req_ids=["a", "b"], token_ids=[[1], [2]], start_positions=[3, 4],
+                          block_ids=[[1], [2]], sample=[True, True],
+                          grammar_req_ids=["b"], grammar_bitmask=mask)
+    (back,) = msgspec.msgpack.decode(msgspec.msgpack.encode((out,)),
+                                     type=ARG_TYPES["execute_model"])
+    assert back.grammar_req_ids == ["b"] and back.grammar_bitmask == mask
