@@ -61,6 +61,8 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
                                                  tools=plan.template_tools if plan else None)
         params = body.sampling_params(default_max_tokens=None)
         _constrain_for_tools(params, plan)
+        if plan is not None and plan.mode == "auto":
+            params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         gens = s.start_choices([prompt], params, body.n, request_id)
