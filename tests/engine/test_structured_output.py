@@ -168,3 +168,24 @@ def test_the_bitmask_travels_to_the_worker_ranks_in_the_scheduler_output():
     (back,) = msgspec.msgpack.decode(msgspec.msgpack.encode((out,)),
                                      type=ARG_TYPES["execute_model"])
     assert back.grammar_req_ids == ["b"] and back.grammar_bitmask == mask
+
+
+def test_a_grammar_that_fails_to_compile_finishes_its_request_with_error(llm):
+    core = llm.client.engine_core
+    manager = core.structured_output_manager
+
+    def failing_compile(*args):
+        raise ValueError("grammar too large")
+
+    manager._compile = failing_compile
+    try:
+        core.add_request(wire.EngineCoreRequest(
+            "doomed", [5, 6, 7], constrained("regex", "[xyz]{4}", seed=3), 0.0))
+        finishes = []
+        for _ in range(100):
+            finishes += [o.finish_reason for o in core.step().outputs if o.finish_reason is not None]
+            if finishes:
+                break
+        assert finishes == [wire.FinishReason.ERROR]
+    finally:
+        del manager._compile
