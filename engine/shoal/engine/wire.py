@@ -67,6 +67,14 @@ class FinishReason(enum.IntEnum):
         return ("stop", "length", "abort", "error")[self.value]
 
 
+class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A constraint on a request's output (vLLM's StructuredOutputsParams, one kind at a time):
+    the EngineCore compiles it into a grammar and masks the logits of every step with it."""
+
+    kind: str  # "json" (a JSON schema), "regex", "choice" (a JSON list of strings), "grammar" (Lark)
+    spec: str  # the schema's JSON text, the regex, the JSON list, or the Lark grammar
+
+
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Per-request sampling and stopping parameters (vLLM's names and defaults)."""
 
@@ -87,6 +95,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Structured output (response_format, guided_*, tool calls): None = unconstrained.
+    structured_outputs: StructuredOutputs | None = None
 
     def verify(self) -> None:
         """Raise ValueError with a message saying what to change."""

@@ -19,6 +19,7 @@ from shoal.engine.core.request import Request, RequestStatus
 from shoal.engine.core.sched_output import StepOutput
 from shoal.engine.core.scheduler import Scheduler
 from shoal.engine.errors import ConfigError
+from shoal.engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.model_executor.initialize_kv_cache(self.num_blocks)
         self.vocab_size = self.model_executor.get_vocab_size()
+        self.structured_output_manager = StructuredOutputManager(config.model, self.vocab_size)
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
@@ -67,6 +69,7 @@ class EngineCore:
             max_model_len=config.max_model_len,
             enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            structured_output_manager=self.structured_output_manager,
         )
         self._pending_aborts: list[str] = []
         self._aborts_lock = threading.Lock()
@@ -100,6 +103,12 @@ class EngineCore:
         if params.min_tokens > max_tokens:
             raise ValueError(f"request {request.request_id}: min_tokens={params.min_tokens} "
                              f"cannot be met: only {max_tokens} tokens fit in the context.")
+        if params.structured_outputs is not None:
+            try:
+                self.structured_output_manager.validate(params.structured_outputs)
+            except ValueError as exc:
+                raise ValueError(f"request {request.request_id}: invalid structured output "
+                                 f"({params.structured_outputs.kind}): {exc}") from None
         self.scheduler.add_request(Request.from_engine_core_request(request, max_tokens))
         self._queued_at[request.request_id] = time.monotonic()
 
@@ -136,6 +145,9 @@ class EngineCore:
             return StepOutput()
         scheduler_output = self.scheduler.schedule()
         first_scheduled = self._first_scheduled(scheduler_output)
+        if not scheduler_output.req_ids and self.structured_output_manager.num_compiling():
+            # Nothing runnable but grammars compiling: sleep on them instead of spinning.
+            self.structured_output_manager.wait_for_compile(timeout=0.01)
         model_output = self.model_executor.execute_model(scheduler_output)
         # Aborts that arrived during the forward pass take effect on this same step.
         self._process_aborts_queue()
@@ -184,4 +196,5 @@ class EngineCore:
                 "protocol_version": wire.PROTOCOL_VERSION}
 
     def shutdown(self) -> None:
+        self.structured_output_manager.shutdown()
         self.model_executor.shutdown()

@@ -19,6 +19,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # the engine failed this request (e.g. its grammar did not compile)
 
     @property
     def finished(self) -> bool:
@@ -33,6 +34,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: wire.FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: wire.FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: wire.FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: wire.FinishReason.ERROR,
 }
 
 
@@ -62,11 +64,17 @@ class Request:
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
         self.stop_reason: int | None = None
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        # structured output: the StructuredOutputManager's GrammarState; None = unconstrained
+        self.grammar = None
 
     @classmethod
     def from_engine_core_request(cls, req: wire.EngineCoreRequest, max_tokens: int) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, max_tokens,
                    req.eos_token_id, req.arrival_time)
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.sampling_params.structured_outputs is not None
 
     @property
     def num_tokens(self) -> int:

@@ -35,6 +35,10 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # runner drops their state
     preempted_req_ids: list[str] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
+    # Structured output: the constrained requests that sample this step, and their packed token
+    # bitmask (int32 little-endian words, one row per id, in this order; bit set = allowed).
+    grammar_req_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: bytes = b""
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

@@ -10,6 +10,11 @@ Contract (vLLM V1 style):
   num_computed_tokens = 0) and retries; no waiting request is admitted in a step that preempted.
 - `finish_requests` (aborts) is idempotent; unknown or finished ids are ignored.
 - Finished requests free their blocks at once; their ids reach the runner in the next output.
+- Structured output (with a StructuredOutputManager): a request whose grammar still compiles
+  stays waiting and is passed over, so it never holds up the others; the constrained rows that
+  sample get a token bitmask in the SchedulerOutput; each accepted token advances the request's
+  matcher, and a complete grammar finishes the request ("stop"). A grammar that failed to
+  compile finishes its request with finish_reason "error".
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ class Scheduler:
         max_model_len: int,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
+        structured_output_manager=None,
     ) -> None:
+        self.structured = structured_output_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -62,6 +69,10 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine; "
                              "request ids must be unique.")
+        if request.use_structured_output:
+            if self.structured is None:
+                raise ValueError("this scheduler has no structured output manager.")
+            self.structured.submit(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -83,6 +94,8 @@ class Scheduler:
                     wire.EngineCoreOutput(rid, [], finish_reason=status.finish_reason))
 
     def _free(self, req: Request) -> None:
+        if req.grammar is not None:
+            self.structured.free(req)
         self.kv.free(req)
         del self.requests[req.request_id]
         if req.request_id in self._seen_by_runner:
@@ -120,8 +133,15 @@ class Scheduler:
             budget -= n
             i += 1
 
+        compiling: list[Request] = []  # passed over this step: their grammars are not ready
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.grammar is not None and not self.structured.is_ready(req):
+                compiling.append(self.waiting.popleft())
+                continue
+            if req.grammar is not None and req.grammar.error is not None:
+                self.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR)
+                continue
             hit_blocks, n_hit = self.kv.get_computed_blocks(req)
             n = req.num_tokens - n_hit
             if n > budget and not self.enable_chunked_prefill:
@@ -138,6 +158,7 @@ class Scheduler:
             self.running.append(req)
             scheduled.append((req, n))
             budget -= n
+        self.waiting.extendleft(reversed(compiling))
         return self._make_output(scheduled, preempted)
 
     def _preempt(self, req: Request) -> None:
@@ -154,6 +175,7 @@ class Scheduler:
         out = SchedulerOutput(finished_req_ids=self._finished_ids,
                               preempted_req_ids=[r.request_id for r in preempted])
         self._finished_ids = set()
+        constrained: list[Request] = []
         for req, n in scheduled:
             rid, start = req.request_id, req.num_computed_tokens
             if rid not in self._seen_by_runner:
@@ -167,6 +189,11 @@ class Scheduler:
             out.sample.append(start + n == req.num_tokens)
             req.num_computed_tokens = start + n
             out.total_num_scheduled_tokens += n
+            if out.sample[-1] and req.grammar is not None:
+                constrained.append(req)
+        if constrained:
+            out.grammar_req_ids = [r.request_id for r in constrained]
+            out.grammar_bitmask = self.structured.fill_bitmask(constrained)
         self.step_counter += 1
         return out
 
@@ -182,6 +209,8 @@ class Scheduler:
                 continue
             req.append_output_token(token)
             reason = self._check_stop(req, token)
+            if reason is None and req.grammar is not None:
+                reason = self._advance_grammar(req, token)
             if reason is None and req.num_output_tokens > 1:  # a plain decode token: columns
                 decode_ids.append(rid)
                 decode_tokens.append(token)
@@ -197,6 +226,15 @@ class Scheduler:
                 self._free(req)
             outputs.append(out)
         return step
+
+    def _advance_grammar(self, req: Request, token: int) -> RequestStatus | None:
+        if not self.structured.accept(req, token):
+            return None
+        if req.grammar.matcher.is_error():  # a token the mask allowed was refused: a bug, loud
+            log.error("request %s finished with an error: its grammar refused token %d",
+                      req.request_id, token)
+            return RequestStatus.FINISHED_ERROR
+        return RequestStatus.FINISHED_STOPPED
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:

@@ -20,13 +20,15 @@ from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
 from shoal.engine.entrypoints.serving_completions import completions_router
+from shoal.engine.entrypoints.tool_calls import ToolSettings
 from shoal.engine.frontend.async_llm import AsyncLLM
 from shoal.engine.frontend.errors import RequestError
 from shoal.engine.mp_client import EngineDeadError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | None = None) -> FastAPI:
+def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | None = None,
+              tool_settings: ToolSettings | None = None) -> FastAPI:
     app = FastAPI(title="shoal", version=__version__, docs_url=None, redoc_url=None)
     app.state.llm = llm
 
@@ -56,7 +58,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
         return await call_next(request)
 
     serving = Serving(llm, served_model_names)
-    for router in (completions_router(serving), chat_router(serving), admin_router(serving)):
+    for router in (completions_router(serving), chat_router(serving, tool_settings),
+                   admin_router(serving)):
         app.include_router(router)
     _document_errors(app)
     return app

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
+from shoal.engine.entrypoints.structured_request import structured_outputs_of
 from shoal.engine.frontend.errors import InvalidRequestError
 from shoal.engine.wire import SamplingParams
 
@@ -46,6 +47,48 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# ----- structured output (structured_request.py reads these) ----------------------------------
+
+
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: str  # "text", "json_object", "json_schema"; others are a 400 naming it
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(_Strict):
+    """vLLM's `structured_outputs`; a key the server does not implement is a 400."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    json_: str | dict | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+# ----- tools (tool_calls.py reads these) --------------------------------------------------------
+
+
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Strict):
+    type: str  # only "function"; others are a 400 naming it
+    function: FunctionDefinition
+
+
 class _Sampling(_Strict):
 
     model: str | None = None
@@ -73,6 +116,13 @@ class _Sampling(_Strict):
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
+    # Structured output (at most one; see structured_request.py).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         if not 1 <= self.n <= 16:
@@ -96,6 +146,7 @@ class _Sampling(_Strict):
         if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {fields['max_tokens']}.")
+        fields["structured_outputs"] = structured_outputs_of(self)
         return SamplingParams(**fields)
 
 
@@ -136,6 +187,18 @@ class ContentPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    # Tool use in the history: an assistant's calls, and a tool's answer to one of them.
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict:
+        """The message as the chat template gets it (tool fields only when set)."""
+        msg: dict = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                msg[key] = getattr(self, key)
+        return msg
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -150,11 +213,13 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     # No-ops at these values: nothing is stored, metadata only tags stored completions, one
-    # tier serves everything, and without tools there are no tool calls to parallelise.
+    # tier serves everything.
     store: Annotated[bool | None, _only(None, False)] = None
     metadata: dict[str, str] | None = None
     service_tier: Annotated[str | None, _only(None, "auto", "default")] = None
-    parallel_tool_calls: Annotated[bool | None, _only(None, True)] = None
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         if self.logprobs or self.top_logprobs:

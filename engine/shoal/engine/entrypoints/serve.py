@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "--nnodes > 1 and --node-rank > 0")
     p.add_argument("--engine-host", default=None,
                    help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
+    tools = p.add_argument_group("tool calling (docs/serving.md, \"Structured output and tools\")")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='allow tool_choice "auto" (the default with tools): the model calls '
+                            "tools in its own words, read by --tool-call-parser")
+    tools.add_argument("--tool-call-parser", choices=["hermes"], default=None,
+                       help="how tool calls are found in free text under tool_choice \"auto\": "
+                            "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     fleet = p.add_argument_group("fleet frontend (docs/router.md)")
     fleet.add_argument("--frontend-only", action="store_true",
@@ -145,6 +152,8 @@ def _check_parallelism(args) -> str | None:
     if args.headless and (args.nnodes < 2 or args.node_rank < 1):
         return (f"--headless runs the workers of a non-zero node of a multi-node group; got "
                 f"--nnodes {args.nnodes} --node-rank {args.node_rank}")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        return "--enable-auto-tool-choice needs --tool-call-parser (hermes)"
     if args.node_rank > 0 and not args.headless:
         return (f"--node-rank {args.node_rank} runs no API server: add --headless (node 0 runs "
                 "the server and the EngineCore)")
@@ -244,8 +253,10 @@ def _write_dead(exc) -> None:
 async def _serve(llm, args, names: list[str], started: float) -> int:
     import uvicorn
     from shoal.engine.entrypoints.api_server import build_app
+    from shoal.engine.entrypoints.tool_calls import ToolSettings
 
-    app = build_app(llm, served_model_names=names, api_key=args.api_key)
+    app = build_app(llm, served_model_names=names, api_key=args.api_key,
+                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser))
     loop = asyncio.get_running_loop()
     state = {"rc": 0, "signalled": False}
 

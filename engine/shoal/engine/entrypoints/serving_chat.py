@@ -1,33 +1,79 @@
-"""POST /v1/chat/completions: the chat template, then OpenAI's chat shapes (role chunk first)."""
+"""POST /v1/chat/completions: the chat template, then OpenAI's chat shapes (role chunk first).
+
+With tools (tool_calls.py) the answer carries `message.tool_calls` and finish_reason
+"tool_calls"; streamed, tool calls arrive as OpenAI's tool-call deltas (tool_parsers.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
-from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_responses
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from shoal.engine.entrypoints import structured_request
+from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_json, error_responses
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest
-from shoal.engine.entrypoints.serving import Serving, sse
+from shoal.engine.entrypoints.serving import (
+    Serving,
+    collect,
+    merged_choices,
+    sse,
+    until_disconnect,
+    usage,
+)
+from shoal.engine.entrypoints.tool_calls import ToolPlan, ToolSettings, plan_tools
+from shoal.engine.entrypoints.tool_parsers import ToolCallStream, calls_in, message_tool_calls
+from shoal.engine.frontend.errors import InvalidRequestError
+
+logger = logging.getLogger("shoal.engine.api")
 
 
-def chat_router(s: Serving) -> APIRouter:
+def _constrain_for_tools(params, plan: ToolPlan | None) -> None:
+    """Tool choice "required" or a named function: the output follows the tools' grammar."""
+    if plan is None or plan.structured_outputs is None:
+        return
+    if params.structured_outputs is not None:
+        raise InvalidRequestError("response_format / structured_outputs / guided_* cannot be "
+                                  f"combined with tool_choice {plan.mode!r}: the tool call "
+                                  "already constrains the output.")
+    structured_request.check(plan.structured_outputs, "tools (function parameters)")
+    params.structured_outputs = plan.structured_outputs
+
+
+def _finish(reason: str | None, has_calls: bool) -> str | None:
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRouter:
     router = APIRouter()
+    settings = tool_settings or ToolSettings()
 
     @router.post("/v1/chat/completions", responses=error_responses(*GENERATION_ERRORS))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         s.check_model(body.model)
         body.check_supported()
+        plan = plan_tools(body, settings)
         s.ensure_available()
         llm = s.llm
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = llm.input_processor.render_chat(messages, body.add_generation_prompt)
+        messages = [m.template_dict() for m in body.messages]
+        prompt = llm.input_processor.render_chat(messages, body.add_generation_prompt,
+                                                 tools=plan.template_tools if plan else None)
         params = body.sampling_params(default_max_tokens=None)
+        _constrain_for_tools(params, plan)
+        if plan is not None and plan.mode == "auto":
+            params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         gens = s.start_choices([prompt], params, body.n, request_id)
         n_prompt = [len(prompt)] * body.n
+        head = {"id": request_id, "object": "chat.completion", "created": created,
+                "model": s.model_name}
+        if plan is not None and plan.mode != "none":
+            if body.stream:
+                return StreamingResponse(_tool_stream(s, body, plan, gens, head, n_prompt),
+                                         media_type="text/event-stream")
+            return await _tool_response(request, plan, gens, head, n_prompt)
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -50,9 +96,58 @@ def chat_router(s: Serving) -> APIRouter:
             return StreamingResponse(s.stream_events(gens, chunk, n_prompt, include_usage, role),
                                      media_type="text/event-stream")
 
-        head = {"id": request_id, "object": "chat.completion", "created": created,
-                "model": s.model_name}
         return await s.respond(request, gens, n_prompt, head,
                                lambda text: {"message": {"role": "assistant", "content": text}})
 
     return router
+
+
+async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
+                         n_prompt: list[int]) -> Response:
+    c = await until_disconnect(request, collect(gens))
+    if c is None:
+        return Response(status_code=499)
+    choices = []
+    for i, text in enumerate(c.texts):
+        content, calls = calls_in(plan, text)
+        if c.finish[i] != "stop":  # cut short: arguments would be partial JSON
+            content, calls = text, []
+        message: dict = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = message_tool_calls(calls)
+        logger.info("%s: choice %d: %d tool calls (%s)", head["id"], i, len(calls), plan.mode)
+        choices.append({"index": i, "message": message, "logprobs": None,
+                        "finish_reason": _finish(c.finish[i], bool(calls)),
+                        "stop_reason": c.stop_reason[i]})
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": usage(sum(n_prompt), sum(c.completion_tokens))})
+
+
+async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_prompt: list[int]):
+    """SSE with tool-call deltas; the same framing as Serving.stream_events."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    base = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(i, delta, finish=None, stop_reason=None):
+        return sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish, "stop_reason": stop_reason}]})
+
+    streams = [ToolCallStream(plan) for _ in gens]
+    completion = [0] * len(gens)
+    try:
+        for i in range(len(gens)):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for i, out in merged_choices(gens):
+            completion[i] = out.num_output_tokens
+            for delta in streams[i].feed(out.text, final=out.finished):
+                yield chunk(i, delta)
+            if out.finished:
+                yield chunk(i, {}, _finish(out.finish_reason, streams[i].num_calls > 0),
+                            out.stop_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage(sum(n_prompt), sum(completion))})
+    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+        status, err = error_json(exc)
+        logger.warning("stream failed (%d): %s", status, err["error"]["message"])
+        yield sse(err)
+    yield b"data: [DONE]\n\n"

@@ -28,14 +28,16 @@ class InputProcessor:
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
                 raise InvalidRequestError(
                     f"messages[{i}] must be an object with a 'role' and a string 'content'.")
         try:
             ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                **({"tools": tools} if tools else {}))
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise InvalidRequestError(f"could not apply the chat template: {exc}") from None
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -68,7 +68,9 @@ class FastTokenizer:
         return _clean_up_spaces(text) if self.clean_up_tokenization_spaces else text
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True):
+                            tokenize: bool = True, tools: list[dict] | None = None):
+        """`tools` (OpenAI tool objects) reach the template as `tools`, as transformers passes
+        them; a template that does not use them renders as without."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use /v1/completions")
         if self._template is None:
@@ -82,7 +84,8 @@ class FastTokenizer:
             env.globals["raise_exception"] = raise_exception
             self._template = env.from_string(self.chat_template)
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                     tools=tools)
         if not tokenize:
             return text
         return self(text, add_special_tokens=False).input_ids

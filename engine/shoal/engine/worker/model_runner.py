@@ -19,7 +19,7 @@ from shoal.engine.worker import cpu_kernel, model_check, paged_attention, tensor
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
-from shoal.engine.worker.sampler import sample
+from shoal.engine.worker.sampler import apply_grammar_bitmask, sample
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,9 @@ class ModelRunner:
             return ModelRunnerOutput()
         logits = out.logits[0]
         states = [self.states[sched.req_ids[i]] for i in sample_rows]
+        if sched.grammar_req_ids:
+            apply_grammar_bitmask(logits, [s.req_id for s in states], sched.grammar_req_ids,
+                                  sched.grammar_bitmask)
         sampling = build_sampling_metadata(states, self.vocab_size, self.device)
         tokens = sample(logits, sampling, self.generator).tolist()
         sampled = {}

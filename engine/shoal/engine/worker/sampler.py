@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from shoal.engine.structured.bitmask import apply_bitmask
 
 _NEG_INF = float("-inf")
 
@@ -96,3 +97,11 @@ def sample(logits: torch.Tensor, m: SamplingMetadata, generator: torch.Generator
         noise[row].exponential_(generator=gen)
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(m.greedy, greedy_tokens, sampled)
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, row_req_ids: list[str],
+                          grammar_req_ids: list[str], bitmask: bytes) -> None:
+    """Structured output, before sampling: disallowed tokens of the constrained rows to -inf
+    (in place). `row_req_ids` names the logits' rows; the bitmask has one row per grammar id."""
+    row_of = {rid: i for i, rid in enumerate(row_req_ids)}
+    apply_bitmask(logits, bitmask, [row_of[rid] for rid in grammar_req_ids])

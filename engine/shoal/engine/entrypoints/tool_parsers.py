@@ -1,0 +1,182 @@
+"""Reading tool calls out of generated text, whole or as it streams.
+
+Three shapes, one per ToolPlan mode:
+- "named": the whole text is the arguments of the named function;
+- "required": the compact JSON array `[{"name":"f","parameters":{...}},...]` that the grammar
+  enforces (no free whitespace: spec.py), read incrementally, so arguments stream as fragments;
+- "auto" with the hermes parser: text, then `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  blocks (vLLM's `--tool-call-parser hermes`). A block streams once it is closed: its first delta
+  carries the id and name, the next one its arguments.
+
+`ToolCallStream.feed(text_so_far)` returns the chat deltas to send, in OpenAI's shapes: the first
+delta of a call carries `index`, `id`, `type: "function"`, `function.name` and `arguments: ""`;
+later deltas carry `index` and argument fragments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+
+from shoal.engine.entrypoints.tool_calls import ToolPlan, new_call_id
+
+log = logging.getLogger(__name__)
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_BLOCK = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE), re.S)
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str  # a JSON text
+    complete: bool = True
+
+
+def _string_end(text: str, i: int) -> int:
+    """Index after the JSON string starting at text[i] == '"'; -1 if it is not closed yet."""
+    j = i + 1
+    while j < len(text):
+        c = text[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == '"':
+            return j + 1
+        j += 1
+    return -1
+
+
+def _value_end(text: str, i: int) -> int:
+    """Index after the JSON value starting at text[i]; -1 if it is not complete yet."""
+    if i >= len(text):
+        return -1
+    if text[i] == '"':
+        return _string_end(text, i)
+    if text[i] not in "{[":
+        m = re.compile(r"[^,}\]]*").match(text, i)
+        return m.end() if m.end() < len(text) else -1
+    depth, j = 0, i
+    while j < len(text):
+        c = text[j]
+        if c == '"':
+            j = _string_end(text, j)
+            if j < 0:
+                return -1
+            continue
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return -1
+
+
+def scan_required(text: str) -> list[ParsedCall]:
+    """The calls in a (possibly partial) compact `[{"name":..,"parameters":..},...]`; the last
+    one may be incomplete (its arguments so far)."""
+    calls: list[ParsedCall] = []
+    if not text.startswith("["):
+        return calls
+    i = 1
+    while text.startswith('{"name":', i):
+        i += len('{"name":')
+        end = _string_end(text, i) if text.startswith('"', i) else -1
+        if end < 0:
+            break
+        name = json.loads(text[i:end])
+        i = end
+        if not text.startswith(',"parameters":', i):
+            calls.append(ParsedCall(name, "", False))
+            break
+        i += len(',"parameters":')
+        end = _value_end(text, i)
+        if end < 0:
+            calls.append(ParsedCall(name, text[i:], False))
+            break
+        calls.append(ParsedCall(name, text[i:end]))
+        i = end
+        if not text.startswith("},", i):
+            break
+        i += 2
+    return calls
+
+
+def parse_hermes(text: str, final: bool = True) -> tuple[str, list[ParsedCall]]:
+    """(content before the first block, the closed blocks that parse). While streaming
+    (`final` False) content stops short of anything that could be the start of a block."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        if final:
+            return text, []
+        hold = next((k for k in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1)
+                     if HERMES_OPEN.startswith(text[-k:])), 0)
+        return text[:len(text) - hold], []
+    calls = []
+    for block in _HERMES_BLOCK.findall(text, start):
+        try:
+            obj = json.loads(block.strip())
+            name, args = obj["name"], obj.get("arguments", {})
+        except (ValueError, KeyError, TypeError):
+            log.warning("hermes tool parser: a <tool_call> block is not JSON with a name: %r",
+                        block[:200])
+            continue
+        args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        calls.append(ParsedCall(str(name), args_text))
+    return text[:start], calls
+
+
+def calls_in(plan: ToolPlan, text: str, final: bool = True) -> tuple[str | None, list[ParsedCall]]:
+    """(content, tool calls) of the text generated under `plan`."""
+    if plan.mode == "named":
+        return None, [ParsedCall(plan.function_name, text)]
+    if plan.mode == "required":
+        return None, scan_required(text)
+    if plan.mode == "auto":
+        content, calls = parse_hermes(text, final)
+        if not plan.parallel:
+            calls = calls[:1]
+        return content, calls
+    return text, []
+
+
+def message_tool_calls(calls: list[ParsedCall]) -> list[dict]:
+    return [{"id": new_call_id(), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+@dataclass
+class ToolCallStream:
+    """Turns the growing text of one choice into chat deltas (see the module docstring)."""
+
+    plan: ToolPlan
+    text: str = ""
+    content_sent: int = 0
+    args_sent: list[int] = field(default_factory=list)
+
+    def feed(self, delta: str, final: bool = False) -> list[dict]:
+        self.text += delta
+        content, calls = calls_in(self.plan, self.text, final)
+        out: list[dict] = []
+        if content and len(content) > self.content_sent:
+            out.append({"content": content[self.content_sent:]})
+            self.content_sent = len(content)
+        for index, call in enumerate(calls):
+            if index == len(self.args_sent):
+                out.append({"tool_calls": [{"index": index, "id": new_call_id(),
+                                            "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+                self.args_sent.append(0)
+            if len(call.arguments) > self.args_sent[index]:
+                out.append({"tool_calls": [{"index": index, "function": {
+                    "arguments": call.arguments[self.args_sent[index]:]}}]})
+                self.args_sent[index] = len(call.arguments)
+        return out
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.args_sent)
