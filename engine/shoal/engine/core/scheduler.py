@@ -122,7 +122,12 @@ class Scheduler:
 
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            hit_blocks, n_hit = self.kv.get_computed_blocks(req)
+            # prompt_logprobs need the logits of every prompt position: no prefix-cache hit
+            # (as vLLM), the whole prompt is computed (its blocks are still cached for others).
+            if req.sampling_params.prompt_logprobs is None:
+                hit_blocks, n_hit = self.kv.get_computed_blocks(req)
+            else:
+                hit_blocks, n_hit = [], 0
             n = req.num_tokens - n_hit
             if n > budget and not self.enable_chunked_prefill:
                 break
@@ -182,11 +187,14 @@ class Scheduler:
                 continue
             req.append_output_token(token)
             reason = self._check_stop(req, token)
-            if reason is None and req.num_output_tokens > 1:  # a plain decode token: columns
+            lp = result.logprobs.get(rid) if result.logprobs else None
+            if reason is None and req.num_output_tokens > 1 and lp is None:  # plain: columns
                 decode_ids.append(rid)
                 decode_tokens.append(token)
                 continue
-            out = wire.EngineCoreOutput(rid, [token])
+            out = wire.EngineCoreOutput(rid, [token], new_logprobs=lp)
+            if result.prompt_logprobs:
+                out.new_prompt_logprobs = result.prompt_logprobs.get(rid)
             if req.num_output_tokens == 1:
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
             if reason is not None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from shoal.engine.frontend.errors import InvalidRequestError
-from shoal.engine.wire import SamplingParams
+from shoal.engine.wire import MAX_LOGPROBS, SamplingParams
 
 
 class StreamOptions(BaseModel):
@@ -43,6 +43,17 @@ class _Sampling(BaseModel):
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
+    # vLLM's extension: logprobs of every prompt token after the first, with N alternatives.
+    prompt_logprobs: StrictInt | None = None
+
+    def logprob_fields(self) -> dict[str, Any]:
+        """SamplingParams.logprobs / prompt_logprobs from this body; 400 naming a bad field."""
+        if self.prompt_logprobs is None:
+            return {}
+        check_logprobs_count("prompt_logprobs", self.prompt_logprobs)
+        if self.stream:  # as vLLM: prompt logprobs come whole, with no stream to carry them
+            raise InvalidRequestError("prompt_logprobs are not available when stream=true.")
+        return {"prompt_logprobs": self.prompt_logprobs}
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         if not 1 <= self.n <= 16:
@@ -63,17 +74,26 @@ class _Sampling(BaseModel):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
+        fields.update(self.logprob_fields())
         if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {fields['max_tokens']}.")
         return SamplingParams(**fields)
 
 
+def check_logprobs_count(name: str, value: int) -> None:
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS} (the server's "
+                                  f"max_logprobs), got {value}.")
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
+    # The prompt's text before the completion; with logprobs, the prompt tokens' logprobs too.
     echo: bool = False
-    logprobs: int | None = None
+    # Top-N alternatives per token, besides the sampled one (OpenAI's legacy logprobs).
+    logprobs: StrictInt | None = None
     suffix: str | None = None
     best_of: int | None = None
 
@@ -87,11 +107,16 @@ class CompletionRequest(_Sampling):
             return [list(p)]
         return list(p)
 
-    def check_supported(self) -> None:
+    def logprob_fields(self) -> dict[str, Any]:
+        fields = super().logprob_fields()
         if self.logprobs is not None:
-            raise InvalidRequestError("logprobs are not supported by this server.")
-        if self.echo:
-            raise InvalidRequestError("echo is not supported by this server.")
+            check_logprobs_count("logprobs", self.logprobs)
+            fields["logprobs"] = self.logprobs
+            if self.echo and self.prompt_logprobs is None:  # vLLM: echoed tokens carry theirs
+                fields["prompt_logprobs"] = self.logprobs
+        return fields
+
+    def check_supported(self) -> None:
         if self.suffix:
             raise InvalidRequestError("suffix is not supported by this server.")
         if self.best_of not in (None, 1, self.n):
@@ -118,13 +143,22 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    # OpenAI's chat logprobs: the sampled tokens' logprobs, with top_logprobs alternatives each.
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
     add_generation_prompt: bool = True
 
+    def logprob_fields(self) -> dict[str, Any]:
+        fields = super().logprob_fields()
+        if self.top_logprobs is not None:
+            check_logprobs_count("top_logprobs", self.top_logprobs)
+            if self.top_logprobs > 0 and not self.logprobs:  # 0 is harmless, as in vLLM
+                raise InvalidRequestError("top_logprobs requires logprobs to be true.")
+        if self.logprobs:
+            fields["logprobs"] = self.top_logprobs or 0
+        return fields
+
     def check_supported(self) -> None:
-        if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs are not supported by this server.")
         if self.max_completion_tokens is not None and self.max_tokens is None:
             self.max_tokens = self.max_completion_tokens
 

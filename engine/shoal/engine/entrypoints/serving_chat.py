@@ -7,8 +7,9 @@ import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from shoal.engine.entrypoints import logprobs_format
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest
-from shoal.engine.entrypoints.serving import Serving, sse
+from shoal.engine.entrypoints.serving import Collected, Serving, sse
 
 
 def chat_router(s: Serving) -> APIRouter:
@@ -37,9 +38,12 @@ def chat_router(s: Serving) -> APIRouter:
                 if usage is not None:
                     obj["usage"] = usage
                     return obj
+                lp = None
                 if delta is None:
                     delta = {"content": out.text} if out.text else {}
-                obj["choices"].append({"index": i, "delta": delta, "logprobs": None,
+                    if body.logprobs:
+                        lp = logprobs_format.chat_logprobs(out.logprobs or [])
+                obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
                                        "finish_reason": out.finish_reason if out else None,
                                        "stop_reason": out.stop_reason if out else None})
                 return obj
@@ -51,7 +55,17 @@ def chat_router(s: Serving) -> APIRouter:
 
         head = {"id": request_id, "object": "chat.completion", "created": created,
                 "model": s.model_name}
+        def add_logprobs(response: dict, c: Collected) -> None:
+            if body.logprobs:
+                for i, choice in enumerate(response["choices"]):
+                    choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
+            if body.prompt_logprobs is not None:  # vLLM: on the response, the prompt is shared
+                response["prompt_logprobs"] = logprobs_format.prompt_logprobs(
+                    c.prompt_logprobs[0] or [None])
+
+        wants = body.logprobs or body.prompt_logprobs is not None
         return await s.respond(request, gens, n_prompt, head,
-                               lambda text: {"message": {"role": "assistant", "content": text}})
+                               lambda text: {"message": {"role": "assistant", "content": text}},
+                               add_logprobs=add_logprobs if wants else None)
 
     return router
