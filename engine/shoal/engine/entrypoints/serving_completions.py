@@ -43,7 +43,7 @@ def completions_router(s: Serving) -> APIRouter:
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            echoed, sent = [False] * len(gens), [0] * len(gens)
+            echoed, offset = [False] * len(gens), [0] * len(gens)
 
             def chunk(i, out, usage=None):
                 obj = {"id": request_id, "object": "text_completion", "created": created,
@@ -58,9 +58,11 @@ def completions_router(s: Serving) -> APIRouter:
                     echoed[i] = True
                     text, ids, positions = with_echo(i, text, ids, positions,
                                                      out.prompt_logprobs)
-                lp = (None if body.logprobs is None else
-                      logprobs_format.completion_logprobs(ids, positions, token_string, sent[i]))
-                sent[i] += len(text)
+                lp = None
+                if body.logprobs is not None:  # offsets go on from the previous chunk's tokens
+                    lp = logprobs_format.completion_logprobs(ids, positions, token_string,
+                                                             offset[i])
+                    offset[i] += sum(map(len, lp["tokens"]))
                 obj["choices"].append({"index": i, "text": text, "logprobs": lp,
                                        "finish_reason": out.finish_reason,
                                        "stop_reason": out.stop_reason})
