@@ -171,7 +171,24 @@ def test_outputs_with_logprobs_cross_the_wire_whole(engine):
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
-@pytest.mark.parametrize("value", [-1, 21])
-def test_out_of_range_counts_are_refused_naming_the_field(engine, field, value):
-    with pytest.raises(ValueError, match=f"{field} must be between 0 and 20"):
+@pytest.mark.parametrize("value, message", [(-1, "must be non-negative"),
+                                            (21, "must be between 0 and 20 .max_logprobs.")])
+def test_out_of_range_counts_are_refused_naming_the_field(engine, field, value, message):
+    with pytest.raises(ValueError, match=f"{field} {message}"):
         engine.add_request(request("bad", [1, 2], **{field: value}))
+
+
+def test_a_tensor_parallel_group_reports_the_same_logprobs(make_engine, tiny_model, hf_model):
+    # Rank 0 alone computes logprobs; its ModelRunnerOutput crosses the worker reply socket.
+    core = make_engine(tiny_model, dtype="float32", max_num_batched_tokens=16,
+                       tensor_parallel_size=2)
+    p = prompt(30, 7)
+    outs = run(core, [request("tp", p, temperature=0.0, max_tokens=3, logprobs=2,
+                              prompt_logprobs=2)])
+    tokens = [t for o in outs["tp"] for t in o.new_token_ids]
+    ref = reference(hf_model, p + tokens)
+    rows = positions(outs["tp"][0].new_prompt_logprobs)
+    rows += [pos for o in outs["tp"] for pos in positions(o.new_logprobs)]
+    assert len(rows) == len(p) - 1 + len(tokens)
+    for j, pos in enumerate(rows):
+        check_position(pos, ref[j], (p + tokens)[j + 1], 2)

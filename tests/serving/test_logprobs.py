@@ -18,7 +18,7 @@ PROMPT = "def parse(text):\n    return"
 def server(tiny_model, tmp_path_factory):
     # float32 for a 1e-3 comparison; a 16-token budget chunks every prompt's prefill.
     s = ServeProcess(tiny_model, tmp_path_factory.mktemp("serve"), "--dtype", "float32",
-                     "--max-num-batched-tokens", "16", api_key=API_KEY)
+                     "--max-num-batched-tokens", "16", "--max-logprobs", "5", api_key=API_KEY)
     try:
         yield s.wait_healthy()
     finally:
@@ -190,13 +190,15 @@ def test_no_logprobs_asked_means_none_in_the_response(client):
 
 
 @pytest.mark.parametrize("path, body, field", [
-    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs must be between 0 and 5"),
     ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
-    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 6},
+     "prompt_logprobs must be between 0 and 5"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True},
      "prompt_logprobs"),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 6},
+     "top_logprobs must be between 0 and 5"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"logprobs": 1}, "logprobs"),
@@ -210,3 +212,4 @@ def test_bad_logprob_fields_are_400_naming_the_field(server, path, body, field):
                    headers=server.headers, timeout=30)
     assert r.status_code == 400, r.text
     assert field in r.json()["error"]["message"]
+

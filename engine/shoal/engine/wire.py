@@ -121,10 +121,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
             )
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs"):  # the upper bound: --max-logprobs
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}.")
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be non-negative, got {value}.")
 
     @property
     def greedy(self) -> bool:
@@ -143,10 +143,6 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # request by this handle instead of the ~34-byte id (the columnar OutputBatch). Unique among
     # live requests of one client; None when the request never crosses a process boundary.
     wire_handle: int | None = None
-
-
-# The most alternatives per position a request may ask for (vLLM's --max-logprobs default).
-MAX_LOGPROBS = 20
 
 
 class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

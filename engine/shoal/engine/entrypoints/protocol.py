@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from shoal.engine.frontend.errors import InvalidRequestError
-from shoal.engine.wire import MAX_LOGPROBS, SamplingParams
+from shoal.engine.wire import SamplingParams
 
 
 class StreamOptions(BaseModel):
@@ -46,16 +46,17 @@ class _Sampling(BaseModel):
     # vLLM's extension: logprobs of every prompt token after the first, with N alternatives.
     prompt_logprobs: StrictInt | None = None
 
-    def logprob_fields(self) -> dict[str, Any]:
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
         """SamplingParams.logprobs / prompt_logprobs from this body; 400 naming a bad field."""
         if self.prompt_logprobs is None:
             return {}
-        check_logprobs_count("prompt_logprobs", self.prompt_logprobs)
+        check_logprobs_count("prompt_logprobs", self.prompt_logprobs, max_logprobs)
         if self.stream:  # as vLLM: prompt logprobs come whole, with no stream to carry them
             raise InvalidRequestError("prompt_logprobs are not available when stream=true.")
         return {"prompt_logprobs": self.prompt_logprobs}
 
-    def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int | None,
+                        max_logprobs: int = 20) -> SamplingParams:
         if not 1 <= self.n <= 16:
             raise InvalidRequestError(f"n must be between 1 and 16, got {self.n}.")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
@@ -74,17 +75,17 @@ class _Sampling(BaseModel):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
-        fields.update(self.logprob_fields())
+        fields.update(self.logprob_fields(max_logprobs))
         if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {fields['max_tokens']}.")
         return SamplingParams(**fields)
 
 
-def check_logprobs_count(name: str, value: int) -> None:
-    if not 0 <= value <= MAX_LOGPROBS:
-        raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS} (the server's "
-                                  f"max_logprobs), got {value}.")
+def check_logprobs_count(name: str, value: int, max_logprobs: int) -> None:
+    if not 0 <= value <= max_logprobs:
+        raise InvalidRequestError(f"{name} must be between 0 and {max_logprobs} (the server's "
+                                  f"--max-logprobs), got {value}.")
 
 
 class CompletionRequest(_Sampling):
@@ -107,10 +108,10 @@ class CompletionRequest(_Sampling):
             return [list(p)]
         return list(p)
 
-    def logprob_fields(self) -> dict[str, Any]:
-        fields = super().logprob_fields()
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
+        fields = super().logprob_fields(max_logprobs)
         if self.logprobs is not None:
-            check_logprobs_count("logprobs", self.logprobs)
+            check_logprobs_count("logprobs", self.logprobs, max_logprobs)
             fields["logprobs"] = self.logprobs
             if self.echo and self.prompt_logprobs is None:  # vLLM: echoed tokens carry theirs
                 fields["prompt_logprobs"] = self.logprobs
@@ -148,10 +149,10 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = None
     add_generation_prompt: bool = True
 
-    def logprob_fields(self) -> dict[str, Any]:
-        fields = super().logprob_fields()
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
+        fields = super().logprob_fields(max_logprobs)
         if self.top_logprobs is not None:
-            check_logprobs_count("top_logprobs", self.top_logprobs)
+            check_logprobs_count("top_logprobs", self.top_logprobs, max_logprobs)
             if self.top_logprobs > 0 and not self.logprobs:  # 0 is harmless, as in vLLM
                 raise InvalidRequestError("top_logprobs requires logprobs to be true.")
         if self.logprobs:

@@ -23,7 +23,8 @@ def chat_router(s: Serving) -> APIRouter:
         llm = s.llm
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         prompt = llm.input_processor.render_chat(messages, body.add_generation_prompt)
-        params = body.sampling_params(default_max_tokens=None)
+        params = body.sampling_params(default_max_tokens=None,
+                                      max_logprobs=llm.config.max_logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         gens = s.start_choices([prompt], params, body.n, request_id)

@@ -25,7 +25,8 @@ def completions_router(s: Serving) -> APIRouter:
         texts = body.prompts()
         prompts = [llm.input_processor.tokenize(p) if isinstance(p, str) else list(p)
                    for p in texts]
-        params = body.sampling_params(default_max_tokens=16)
+        params = body.sampling_params(default_max_tokens=16,
+                                      max_logprobs=llm.config.max_logprobs)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         gens = s.start_choices(prompts, params, body.n, request_id)
