@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "offline_inference.py"
 
 @pytest.fixture(scope="module")
 def llm(make_llm, tiny_model):
-    return make_llm(tiny_model, max_model_len=256)
+    return make_llm(tiny_model, max_model_len=256, dtype="float32")  # exact logprob checks
 
 
 def test_vllm_basic_example_runs_and_prints_each_prompt_and_output(tiny_model):
@@ -83,3 +83,29 @@ def test_vllm_arguments_this_engine_lacks_are_named(tiny_model):
         LLM(model=tiny_model, swap_space=4, quantization="awq", enforce_eager=True)
     with pytest.raises(TypeError, match="trust_remote_code=True"):
         LLM(model=tiny_model, trust_remote_code=True)
+
+
+def test_logprobs_come_in_vllms_offline_shape_and_equal_the_models(llm, tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = [5, 17, 99, 230, 41]
+    (out,) = llm.generate({"prompt_token_ids": prompt},
+                          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
+                                         logprobs=2, prompt_logprobs=1))
+    (c,) = out.outputs
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + c.token_ids])).logits[0].float().log_softmax(-1)
+    assert len(c.logprobs) == 3 and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None
+    for i, tok in enumerate(c.token_ids):  # greedy: the chosen token is rank 1, 2 alternatives
+        d = c.logprobs[i]
+        assert d[tok].rank == 1 and len(d) == 2 and d[tok].decoded_token is not None
+        assert abs(d[tok].logprob - ref[len(prompt) - 1 + i, tok].item()) < 1e-3
+    assert abs(c.cumulative_logprob - sum(c.logprobs[i][t].logprob
+                                          for i, t in enumerate(c.token_ids))) < 1e-6
+    for p in range(1, len(prompt)):  # the prompt token's own logprob, and one alternative
+        d = out.prompt_logprobs[p]
+        assert abs(d[prompt[p]].logprob - ref[p - 1, prompt[p]].item()) < 1e-3
+        assert 1 <= len(d) <= 2

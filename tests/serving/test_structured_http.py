@@ -158,6 +158,7 @@ def test_auto_tool_choice_with_the_hermes_parser_answers_text(client):
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ({"tool_choice": "required", "logprobs": True}, "logprobs and prompt_logprobs are not"),
 ])
 def test_bad_tool_requests_are_400s_naming_the_field(client, kw, field):
     kw.setdefault("tools", TOOLS)

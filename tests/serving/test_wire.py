@@ -102,8 +102,13 @@ def test_fixed_byte_vector_decodes_to_the_same_outputs():
 
 def test_per_output_request_vector_is_stable():
     # EngineCoreOutput's own positional layout (request_id, new_token_ids, finish_reason, ...).
+    # msgspec writes every field of an array_like struct, so an appended field grows the array
+    # (0x95 -> 0x97: new_logprobs, new_prompt_logprobs) and the fields before it keep their bytes.
     out = wire.EngineCoreOutput("req-1", [42], finish_reason=wire.FinishReason.LENGTH)
-    assert msgspec.msgpack.encode(out).hex() == "95a57265712d31912a01c000"
+    assert msgspec.msgpack.encode(out).hex() == "97a57265712d31912a01c000c0c0"
+    # Append-only: the bytes of a peer from before the append still decode to the same output.
+    old = bytes.fromhex("95a57265712d31912a01c000")
+    assert msgspec.msgpack.decode(old, type=wire.EngineCoreOutput) == out
 
 
 def test_columnar_batch_keeps_everything_that_is_not_a_plain_decode():

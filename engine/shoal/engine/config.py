@@ -77,6 +77,8 @@ class EngineConfig:
     seed: int = 0  # seeds the global generator used by unseeded sampled requests
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     enable_chunked_prefill: bool = True  # off: a prompt must fit the token budget in one step
+    # Most alternatives a request's logprobs / prompt_logprobs may ask for (vLLM's default, 20).
+    max_logprobs: int = 20
     # Parallelism (vLLM's flags). T ranks split every layer (tensor parallelism); the ranks are
     # spread evenly over `nnodes` nodes, node 0 runs the EngineCore and ranks 0..T/nnodes-1.
     tensor_parallel_size: int = 1
@@ -136,6 +138,8 @@ class EngineConfig:
             _fail(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}.")
         if self.num_threads is not None and self.num_threads < 1:
             _fail(f"num_threads must be at least 1, got {self.num_threads}.")
+        if self.max_logprobs < 0:
+            _fail(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
         self._validate_parallel()
 
     def _validate_parallel(self) -> None:

@@ -26,14 +26,34 @@ _DERIVED = {"architectures", "model_max_len"}  # EngineConfig fields set from co
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's Logprob)."""
+
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token
+    decoded_token: str | None = None
+
+
+def _position_dict(pos) -> dict[int, Logprob]:
+    """vLLM's per-position dict: the chosen token (with its rank) and the top-N alternatives."""
+    out = {pos.token_id: Logprob(pos.logprob, pos.rank, pos.token)}
+    for rank, (tid, value, text) in enumerate(
+            zip(pos.token_ids[1:], pos.logprobs[1:], pos.tokens[1:], strict=True), start=1):
+        out.setdefault(tid, Logprob(value, rank, text))
+    return out
+
+
+@dataclass
 class CompletionOutput:
     """One sampled completion of a request (vLLM's CompletionOutput)."""
 
     index: int  # which of the request's n completions
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None = None  # not computed by this engine
-    logprobs: list | None = None  # not computed by this engine
+    # With SamplingParams.logprobs: the sum of the chosen tokens' logprobs, and per token a dict
+    # token id -> Logprob (the chosen token and the top-N alternatives), as vLLM's.
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
@@ -50,7 +70,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
-    prompt_logprobs: list | None = None  # not computed by this engine
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then a dict per token.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first choice)
 
 
@@ -146,8 +167,6 @@ class LLM:
         results, requests, slots = [], [], {}
         for (text, ids), sp in zip(prompts, params, strict=True):
             sp.verify()
-            if sp.logprobs is not None:
-                raise ValueError("LLM does not return logprobs yet; leave logprobs=None.")
             rid = str(next(self._ids))
             res = RequestOutput(rid, text, ids, [CompletionOutput(j, "", []) for j in range(sp.n)])
             results.append(res)
@@ -185,6 +204,13 @@ class LLM:
                 continue
             out.text += delta.text
             out.token_ids += delta.token_ids
+            if delta.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + [_position_dict(p) for p in delta.logprobs]
+                out.cumulative_logprob = ((out.cumulative_logprob or 0.0)
+                                          + sum(p.logprob for p in delta.logprobs))
+            if out.index == 0 and delta.prompt_logprobs is not None:
+                res.prompt_logprobs = [None if p is None else _position_dict(p)
+                                       for p in delta.prompt_logprobs]
             if out.index == 0 and delta.num_cached_tokens:
                 res.num_cached_tokens = delta.num_cached_tokens
             if delta.finished:

@@ -97,6 +97,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     include_stop_str_in_output: bool = False
     # Structured output (response_format, guided_*, tool calls): None = unconstrained.
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's prompt_logprobs: the logprob, rank and top-N alternatives of every prompt token
+    # after the first (N = this value, 0 = the prompt token alone); None = not asked.
+    prompt_logprobs: int | None = None
 
     def verify(self) -> None:
         """Raise ValueError with a message saying what to change."""
@@ -128,6 +131,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
             )
+        for name in ("logprobs", "prompt_logprobs"):  # the upper bound: --max-logprobs
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be non-negative, got {value}.")
 
     @property
     def greedy(self) -> bool:
@@ -148,6 +155,19 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     wire_handle: int | None = None
 
 
+class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Logprobs of consecutive positions of one request, as packed little-endian columns.
+
+    Per position: the chosen token (the sampled one, or the prompt's next token) first, then the
+    `num_top` most likely tokens by rank. Values are log_softmax of the raw logits (vLLM's
+    default logprobs_mode, raw_logprobs: before penalties, temperature and top-k/p)."""
+
+    num_top: int  # alternatives per position (the request's N)
+    token_ids: bytes = b""  # int32, (1 + num_top) per position
+    logprobs: bytes = b""  # float32, parallel to token_ids
+    ranks: bytes = b""  # int32, one per position: the chosen token's rank (1 = most likely)
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Engine -> frontend: what one request produced in one step."""
 
@@ -156,6 +176,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the stop token id that finished it, if any
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first output)
+    # SamplingParams.logprobs was set: the logprobs of new_token_ids, one position per token.
+    new_logprobs: Logprobs | None = None
+    # SamplingParams.prompt_logprobs was set: prompt positions 1..P-1, with the first token.
+    new_prompt_logprobs: Logprobs | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

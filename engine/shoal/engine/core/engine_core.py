@@ -98,6 +98,11 @@ class EngineCore:
         if bad:
             raise ValueError(f"request {request.request_id}: token ids {bad[:5]} are outside "
                              f"the vocabulary [0, {self.vocab_size}).")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.config.max_logprobs:
+                raise ValueError(f"request {request.request_id}: {name} must be between 0 and "
+                                 f"{self.config.max_logprobs} (max_logprobs), got {value}.")
         room = self.max_model_len - len(prompt)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if params.min_tokens > max_tokens:

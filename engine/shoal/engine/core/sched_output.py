@@ -50,6 +50,11 @@ class ModelRunnerOutput:
     """The runner's answer: one sampled token per request whose `sample` flag was set."""
 
     sampled: dict[str, int] = field(default_factory=dict)
+    # Requests with SamplingParams.logprobs: the sampled token's logprobs (one position).
+    logprobs: dict[str, wire.Logprobs] = field(default_factory=dict)
+    # Requests with SamplingParams.prompt_logprobs, on the step that samples their first token:
+    # every prompt position after the first, gathered over the prompt's chunks.
+    prompt_logprobs: dict[str, wire.Logprobs] = field(default_factory=dict)
 
 
 @dataclass

@@ -142,7 +142,12 @@ class Scheduler:
             if req.grammar is not None and req.grammar.error is not None:
                 self.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR)
                 continue
-            hit_blocks, n_hit = self.kv.get_computed_blocks(req)
+            # prompt_logprobs need the logits of every prompt position: no prefix-cache hit
+            # (as vLLM), the whole prompt is computed (its blocks are still cached for others).
+            if req.sampling_params.prompt_logprobs is None:
+                hit_blocks, n_hit = self.kv.get_computed_blocks(req)
+            else:
+                hit_blocks, n_hit = [], 0
             n = req.num_tokens - n_hit
             if n > budget and not self.enable_chunked_prefill:
                 break
@@ -211,11 +216,14 @@ class Scheduler:
             reason = self._check_stop(req, token)
             if reason is None and req.grammar is not None:
                 reason = self._advance_grammar(req, token)
-            if reason is None and req.num_output_tokens > 1:  # a plain decode token: columns
+            lp = result.logprobs.get(rid) if result.logprobs else None
+            if reason is None and req.num_output_tokens > 1 and lp is None:  # plain: columns
                 decode_ids.append(rid)
                 decode_tokens.append(token)
                 continue
-            out = wire.EngineCoreOutput(rid, [token])
+            out = wire.EngineCoreOutput(rid, [token], new_logprobs=lp)
+            if result.prompt_logprobs:
+                out.new_prompt_logprobs = result.prompt_logprobs.get(rid)
             if req.num_output_tokens == 1:
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
             if reason is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from pydantic_core import PydanticCustomError
 from shoal.engine.entrypoints.structured_request import structured_outputs_of
 from shoal.engine.frontend.errors import InvalidRequestError
@@ -123,8 +123,20 @@ class _Sampling(_Strict):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's extension: logprobs of every prompt token after the first, with N alternatives.
+    prompt_logprobs: StrictInt | None = None
 
-    def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
+        """SamplingParams.logprobs / prompt_logprobs from this body; 400 naming a bad field."""
+        if self.prompt_logprobs is None:
+            return {}
+        check_logprobs_count("prompt_logprobs", self.prompt_logprobs, max_logprobs)
+        if self.stream:  # as vLLM: prompt logprobs come whole, with no stream to carry them
+            raise InvalidRequestError("prompt_logprobs are not available when stream=true.")
+        return {"prompt_logprobs": self.prompt_logprobs}
+
+    def sampling_params(self, default_max_tokens: int | None,
+                        max_logprobs: int = 20) -> SamplingParams:
         if not 1 <= self.n <= 16:
             raise InvalidRequestError(f"n must be between 1 and 16, got {self.n}.")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
@@ -143,6 +155,7 @@ class _Sampling(_Strict):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
+        fields.update(self.logprob_fields(max_logprobs))
         if fields["max_tokens"] is not None and fields["max_tokens"] < 1:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {fields['max_tokens']}.")
@@ -150,11 +163,19 @@ class _Sampling(_Strict):
         return SamplingParams(**fields)
 
 
+def check_logprobs_count(name: str, value: int, max_logprobs: int) -> None:
+    if not 0 <= value <= max_logprobs:
+        raise InvalidRequestError(f"{name} must be between 0 and {max_logprobs} (the server's "
+                                  f"--max-logprobs), got {value}.")
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
+    # The prompt's text before the completion; with logprobs, the prompt tokens' logprobs too.
     echo: bool = False
-    logprobs: int | None = None
+    # Top-N alternatives per token, besides the sampled one (OpenAI's legacy logprobs).
+    logprobs: StrictInt | None = None
     suffix: str | None = None
     best_of: int | None = None
 
@@ -168,11 +189,16 @@ class CompletionRequest(_Sampling):
             return [list(p)]
         return list(p)
 
-    def check_supported(self) -> None:
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
+        fields = super().logprob_fields(max_logprobs)
         if self.logprobs is not None:
-            raise InvalidRequestError("logprobs are not supported by this server.")
-        if self.echo:
-            raise InvalidRequestError("echo is not supported by this server.")
+            check_logprobs_count("logprobs", self.logprobs, max_logprobs)
+            fields["logprobs"] = self.logprobs
+            if self.echo and self.prompt_logprobs is None:  # vLLM: echoed tokens carry theirs
+                fields["prompt_logprobs"] = self.logprobs
+        return fields
+
+    def check_supported(self) -> None:
         if self.suffix:
             raise InvalidRequestError("suffix is not supported by this server.")
         if self.best_of not in (None, 1, self.n):
@@ -209,8 +235,9 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    # OpenAI's chat logprobs: the sampled tokens' logprobs, with top_logprobs alternatives each.
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
     add_generation_prompt: bool = True
     # No-ops at these values: nothing is stored, metadata only tags stored completions, one
     # tier serves everything.
@@ -221,9 +248,17 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
 
+    def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
+        fields = super().logprob_fields(max_logprobs)
+        if self.top_logprobs is not None:
+            check_logprobs_count("top_logprobs", self.top_logprobs, max_logprobs)
+            if self.top_logprobs > 0 and not self.logprobs:  # 0 is harmless, as in vLLM
+                raise InvalidRequestError("top_logprobs requires logprobs to be true.")
+        if self.logprobs:
+            fields["logprobs"] = self.top_logprobs or 0
+        return fields
+
     def check_supported(self) -> None:
-        if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs are not supported by this server.")
         if self.max_completion_tokens is not None and self.max_tokens is None:
             self.max_tokens = self.max_completion_tokens
 

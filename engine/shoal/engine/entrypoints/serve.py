@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--num-threads", type=int, default=None,
                      help="torch threads of the engine process (default: torch's, i.e. "
                           "$OMP_NUM_THREADS or one per core); 1 is faster on a busy machine")
+    eng.add_argument("--max-logprobs", type=int, default=20,
+                     help="most logprobs (alternatives per token) a request's logprobs, "
+                          "top_logprobs or prompt_logprobs may ask for")
     eng.add_argument("--shutdown-timeout", type=float, default=0.0,
                      help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
                           "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed,
-            num_threads=args.num_threads, tensor_parallel_size=args.tensor_parallel_size,
+            num_threads=args.num_threads, max_logprobs=args.max_logprobs,
+            tensor_parallel_size=args.tensor_parallel_size,
             nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
             master_port=args.master_port)
     except ValueError as exc:  # errors.ConfigError: known at start-up, permanent

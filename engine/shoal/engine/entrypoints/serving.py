@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import msgspec
 from fastapi import Request
@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from shoal.engine.entrypoints.http_errors import error_json
 from shoal.engine.frontend.async_llm import AsyncLLM
 from shoal.engine.frontend.errors import RequestError
+from shoal.engine.frontend.logprobs import PositionLogprobs
 from shoal.engine.frontend.output_processor import RequestOutput
 from shoal.engine.wire import SamplingParams
 
@@ -103,14 +104,21 @@ class Collected:
     stop_reason: list
     completion_tokens: list[int]
     token_ids: list[list[int]]
+    # Per choice, when the request asked for them (else None).
+    logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
+    prompt_logprobs: list[list[PositionLogprobs | None] | None] = field(default_factory=list)
 
 
 async def collect(gens) -> Collected:
     c = Collected([""] * len(gens), [None] * len(gens), [None] * len(gens), [0] * len(gens),
-                  [[] for _ in gens])
+                  [[] for _ in gens], [None] * len(gens), [None] * len(gens))
     async for i, out in merged_choices(gens):
         c.texts[i] += out.text
         c.token_ids[i] += out.token_ids
+        if out.logprobs is not None:
+            c.logprobs[i] = (c.logprobs[i] or []) + out.logprobs
+        if out.prompt_logprobs is not None:
+            c.prompt_logprobs[i] = out.prompt_logprobs
         c.completion_tokens[i] = out.num_output_tokens
         if out.finished:
             c.finish[i], c.stop_reason[i] = out.finish_reason, out.stop_reason
@@ -151,10 +159,13 @@ class Serving:
                 for i, (ids, p) in enumerate(per_choice)]
 
     async def respond(self, request: Request, gens, n_prompt: list[int], head: dict,
-                      choice_body, prompt_ids: list[list[int]] | None = None) -> Response:
+                      choice_body, prompt_ids: list[list[int]] | None = None,
+                      add_logprobs: Callable[[dict, Collected], None] | None = None
+                      ) -> Response:
         """The non-streaming answer: every choice collected, its body `choice_body(text)`; 499 if
         the client left first (its requests are aborted). With `prompt_ids` (vLLM's
-        return_token_ids) each choice also carries its prompt's and its own token ids."""
+        return_token_ids) each choice also carries its prompt's and its own token ids.
+        `add_logprobs(response, collected)` fills the endpoint's logprob fields in place."""
         c = await until_disconnect(request, collect(gens))
         if c is None:
             return Response(status_code=499)
@@ -164,8 +175,11 @@ class Serving:
         if prompt_ids is not None:
             for i, choice in enumerate(choices):
                 choice["prompt_token_ids"], choice["token_ids"] = prompt_ids[i], c.token_ids[i]
-        return JSONResponse({**head, "choices": choices,
-                             "usage": usage(sum(n_prompt), sum(c.completion_tokens))})
+        response = {**head, "choices": choices,
+                    "usage": usage(sum(n_prompt), sum(c.completion_tokens))}
+        if add_logprobs is not None:
+            add_logprobs(response, c)
+        return JSONResponse(response)
 
     async def stream_events(self, gens, make_chunk, n_prompt: list[int], include_usage: bool,
                             first_chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -177,7 +191,7 @@ class Serving:
                 yield c
             async for i, out in merged_choices(gens):
                 completion[i] = out.num_output_tokens
-                if out.text or out.finished:
+                if out.text or out.finished or out.logprobs:  # logprobs: even without text
                     yield sse(make_chunk(i, out))
             if include_usage:
                 yield sse(make_chunk(None, None, usage=usage(sum(n_prompt), sum(completion))))

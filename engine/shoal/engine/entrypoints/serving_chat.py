@@ -11,10 +11,11 @@ import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from shoal.engine.entrypoints import structured_request
+from shoal.engine.entrypoints import logprobs_format, structured_request
 from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_json, error_responses
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest
 from shoal.engine.entrypoints.serving import (
+    Collected,
     Serving,
     collect,
     merged_choices,
@@ -59,10 +60,16 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         messages = [m.template_dict() for m in body.messages]
         prompt = llm.input_processor.render_chat(messages, body.add_generation_prompt,
                                                  tools=plan.template_tools if plan else None)
-        params = body.sampling_params(default_max_tokens=None)
+        params = body.sampling_params(default_max_tokens=None,
+                                      max_logprobs=llm.config.max_logprobs)
         _constrain_for_tools(params, plan)
         if plan is not None and plan.mode == "auto":
             params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
+        if plan is not None and plan.mode != "none" and (
+                body.logprobs or body.prompt_logprobs is not None):
+            raise InvalidRequestError("logprobs and prompt_logprobs are not implemented for "
+                                      "responses with tools (tool_choice "
+                                      f"{plan.mode!r}); send them without tools.")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         gens = s.start_choices([prompt], params, body.n, request_id)
@@ -84,9 +91,12 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
                 if usage is not None:
                     obj["usage"] = usage
                     return obj
+                lp = None
                 if delta is None:
                     delta = {"content": out.text} if out.text else {}
-                obj["choices"].append({"index": i, "delta": delta, "logprobs": None,
+                    if body.logprobs:
+                        lp = logprobs_format.chat_logprobs(out.logprobs or [])
+                obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
                                        "finish_reason": out.finish_reason if out else None,
                                        "stop_reason": out.stop_reason if out else None})
                 return obj
@@ -96,8 +106,18 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
             return StreamingResponse(s.stream_events(gens, chunk, n_prompt, include_usage, role),
                                      media_type="text/event-stream")
 
+        def add_logprobs(response: dict, c: Collected) -> None:
+            if body.logprobs:
+                for i, choice in enumerate(response["choices"]):
+                    choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
+            if body.prompt_logprobs is not None:  # vLLM: on the response, the prompt is shared
+                response["prompt_logprobs"] = logprobs_format.prompt_logprobs(
+                    c.prompt_logprobs[0] or [None])
+
+        wants = body.logprobs or body.prompt_logprobs is not None
         return await s.respond(request, gens, n_prompt, head,
-                               lambda text: {"message": {"role": "assistant", "content": text}})
+                               lambda text: {"message": {"role": "assistant", "content": text}},
+                               add_logprobs=add_logprobs if wants else None)
 
     return router
 

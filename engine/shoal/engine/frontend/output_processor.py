@@ -16,6 +16,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from shoal.engine.frontend.logprobs import PositionLogprobs, TokenStrings, unpack
 from shoal.engine.wire import EngineCoreOutput, FinishReason, SamplingParams
 from tokenizers.decoders import DecodeStream
 
@@ -32,6 +33,10 @@ class RequestOutput:
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # SamplingParams.logprobs set: one entry per token of token_ids.
+    logprobs: list[PositionLogprobs] | None = None
+    # SamplingParams.prompt_logprobs set: once, with the first token; entry 0 is None.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -40,6 +45,10 @@ class RequestOutput:
     def merge(self, newer: RequestOutput) -> None:
         self.text += newer.text
         self.token_ids.extend(newer.token_ids)
+        if newer.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + newer.logprobs
+        if newer.prompt_logprobs is not None:
+            self.prompt_logprobs = newer.prompt_logprobs
         self.num_output_tokens = newer.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, newer.num_cached_tokens)
         self.finish_reason = newer.finish_reason
@@ -138,6 +147,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.request_states: dict[str, RequestState] = {}
+        self.token_string = TokenStrings(tokenizer)
         # Tokens of the step being processed (vLLM's IterationStats): a request's prompt counts
         # when its first token arrives; read and reset by take_step_tokens().
         self.step_prompt_tokens = 0
@@ -172,7 +182,7 @@ class OutputProcessor:
             state = get(o.request_id)
             if state is not None:  # else: already finished or aborted here
                 self._process(state, o.new_token_ids, o.finish_reason, o.stop_reason,
-                              o.num_cached_tokens, now, to_abort)
+                              o.num_cached_tokens, now, to_abort, o)
         return to_abort
 
     def process_tokens(self, request_ids, token_ids) -> list[str]:
@@ -187,7 +197,8 @@ class OutputProcessor:
         return to_abort
 
     def _process(self, state: RequestState, new_token_ids: list[int], finish, stop_reason,
-                 num_cached_tokens: int, now: float, to_abort: list[str]) -> None:
+                 num_cached_tokens: int, now: float, to_abort: list[str],
+                 whole: EngineCoreOutput | None = None) -> None:
         n_new = len(new_token_ids)
         if n_new:
             if state.first_token_time is None:
@@ -205,7 +216,7 @@ class OutputProcessor:
                 to_abort.append(state.engine_id)
             finish, stop_reason = FinishReason.STOP, stop_str
         finished = finish is not None
-        state.collector.put(RequestOutput(
+        out = RequestOutput(
             request_id=state.external_id,
             text=state.detok.release(finished),
             token_ids=list(new_token_ids),
@@ -214,11 +225,25 @@ class OutputProcessor:
             num_cached_tokens=state.num_cached_tokens,
             finish_reason=str(finish) if finished else None,
             stop_reason=stop_reason,
-        ))
+        )
+        if state.params.logprobs is not None:
+            out.logprobs = self._logprobs(whole, new_token_ids)
+        if whole is not None and whole.new_prompt_logprobs is not None:
+            out.prompt_logprobs = [None, *unpack(whole.new_prompt_logprobs, self.token_string)]
+        state.collector.put(out)
         if finished:
             del self.request_states[state.engine_id]
             if self.metrics is not None:
                 self.metrics.record_finished(state, str(finish), now)
+
+    def _logprobs(self, whole: EngineCoreOutput | None, new_token_ids: list[int]
+                  ) -> list[PositionLogprobs]:
+        lp = None if whole is None else whole.new_logprobs
+        positions = [] if lp is None else unpack(lp, self.token_string)
+        if len(positions) != len(new_token_ids):  # the engine broke its contract: say so
+            raise RuntimeError(f"the engine sent logprobs for {len(positions)} of "
+                               f"{len(new_token_ids)} new tokens")
+        return positions
 
     def abort_request(self, engine_id: str) -> bool:
         """Retire a request here (client gone); its consumer, if any, sees finish 'abort'."""

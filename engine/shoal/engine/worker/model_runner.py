@@ -12,10 +12,17 @@ import ctypes
 import logging
 
 import torch
+from shoal.engine import wire
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
-from shoal.engine.worker import cpu_kernel, model_check, paged_attention, tensor_parallel
+from shoal.engine.worker import (
+    cpu_kernel,
+    logprobs,
+    model_check,
+    paged_attention,
+    tensor_parallel,
+)
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
@@ -89,6 +96,9 @@ class ModelRunner:
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel: PagedDecodeKernel | None = None
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
+        # gathered so far, as (first position, rows) per chunk. Empty: no extra work per step.
+        self.prompt_lp_parts: dict[str, list[tuple[int, wire.Logprobs]]] = {}
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -168,12 +178,15 @@ class ModelRunner:
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids:
             self.states.pop(rid, None)
+            self.prompt_lp_parts.pop(rid, None)
         for new in sched.new_requests:
             gen = None
             if new.sampling_params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
             self.states[new.req_id] = CachedRequestState(
                 new.req_id, new.prompt_token_ids, new.sampling_params, new.eos_token_id, gen)
+            if new.sampling_params.prompt_logprobs is not None and self.rank == 0:
+                self.prompt_lp_parts[new.req_id] = []
 
     def _attention_metadata(self, sched: SchedulerOutput, lens: list[int]):
         dev, bs = self.device, self.block_size
@@ -235,19 +248,78 @@ class ModelRunner:
         ends = torch.cumsum(torch.tensor(lens, device=self.device), 0) - 1
         # Only rows that sample need logits; a step of prefill chunks alone projects one row.
         keep = ends[torch.tensor(sample_rows or [0], device=self.device)]
+        prompt_rows = self._prompt_logprob_rows(sched, lens) if self.prompt_lp_parts else []
+        n_sample_keep = keep.numel()
+        if prompt_rows:  # prompt positions whose logits the asking requests need, after those
+            extra = [torch.arange(o, o + n) for _, _, o, n in prompt_rows]
+            keep = torch.cat([keep, torch.cat(extra).to(self.device)])
         out = self.model(input_ids=input_ids[None], position_ids=positions[None],
                          logits_to_keep=keep, shoal_attn=meta, use_cache=False)
+        result = ModelRunnerOutput()
+        if prompt_rows:
+            self._gather_prompt_logprobs(prompt_rows, out.logits[0, n_sample_keep:])
         if not sample_rows:
-            return ModelRunnerOutput()
-        logits = out.logits[0]
+            return result
+        logits = out.logits[0, :n_sample_keep]
         states = [self.states[sched.req_ids[i]] for i in sample_rows]
         if sched.grammar_req_ids:
             apply_grammar_bitmask(logits, [s.req_id for s in states], sched.grammar_req_ids,
                                   sched.grammar_bitmask)
+        want = [j for j, s in enumerate(states) if s.params.logprobs is not None]
+        # Before sample(): it edits float32 logits in place (bans); these are the raw values
+        # (after the grammar's mask, as vLLM's raw logprobs are: a token the grammar forbids
+        # has logprob -inf).
+        raw = logprobs.raw_logprobs(logits[want]) if want and self.rank == 0 else None
         sampling = build_sampling_metadata(states, self.vocab_size, self.device)
-        tokens = sample(logits, sampling, self.generator).tolist()
-        sampled = {}
+        tokens_t = sample(logits, sampling, self.generator)
+        tokens = tokens_t.tolist()
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token)
-            sampled[state.req_id] = token
-        return ModelRunnerOutput(sampled)
+            result.sampled[state.req_id] = token
+            if state.req_id in self.prompt_lp_parts:
+                result.prompt_logprobs[state.req_id] = self._finish_prompt_logprobs(state)
+        if raw is not None:
+            rows = logprobs.pack_rows(raw, tokens_t[want],
+                                      [states[j].params.logprobs for j in want])
+            for j, lp in zip(want, rows, strict=True):
+                result.logprobs[states[j].req_id] = lp
+        return result
+
+    # -- prompt logprobs (only requests that asked; rank 0 alone: its output is the group's) --
+
+    def _prompt_logprob_rows(self, sched: SchedulerOutput, lens: list[int]):
+        """(request id, first position, flat offset, count) for each scheduled chunk holding
+        prompt positions whose next token is a prompt token: position p gives token p+1."""
+        rows, offset = [], 0
+        for rid, start, n in zip(sched.req_ids, sched.start_positions, lens, strict=True):
+            parts = self.prompt_lp_parts.get(rid)
+            if parts is not None:
+                while parts and parts[-1][0] >= start:  # restarted (preempted): recompute
+                    parts.pop()
+                count = min(start + n, len(self.states[rid].prompt_token_ids) - 1) - start
+                if count > 0:
+                    rows.append((rid, start, offset, count))
+            offset += n
+        return rows
+
+    def _gather_prompt_logprobs(self, prompt_rows, logits: torch.Tensor) -> None:
+        raw = logprobs.raw_logprobs(logits)
+        at = 0
+        for rid, start, _, count in prompt_rows:
+            state = self.states[rid]
+            nxt = torch.tensor(state.prompt_token_ids[start + 1:start + 1 + count],
+                               device=self.device)
+            block = logprobs.pack_block(raw[at:at + count], nxt, state.params.prompt_logprobs)
+            self.prompt_lp_parts[rid].append((start, block))
+            at += count
+
+    def _finish_prompt_logprobs(self, state: CachedRequestState) -> wire.Logprobs:
+        parts = self.prompt_lp_parts.pop(state.req_id)
+        n = len(state.prompt_token_ids) - 1
+        covered = sum(len(p.ranks) // 4 for _, p in parts)
+        if covered != n or (parts and parts[0][0] != 0):
+            raise RuntimeError(f"request {state.req_id}: prompt logprobs cover {covered} of "
+                               f"{n} positions (a prefix-cache hit skipped their logits)")
+        if not parts:  # a one-token prompt: no position to report
+            return wire.Logprobs(state.params.prompt_logprobs)
+        return logprobs.concat([p for _, p in parts])
