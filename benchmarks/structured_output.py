@@ -58,7 +58,7 @@ def run(llm, prompts, out_len: int, constrained_every: int | None) -> tuple[Cloc
               for i in range(len(prompts))]
     with Clock() as clock:
         outs = llm.generate(prompts, params)
-    return clock, sum(len(o.token_ids) for o in outs)
+    return clock, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
 
 def main() -> None:
