@@ -67,16 +67,18 @@ def configure(settings: kopf.OperatorSettings, **_):
 
 @kopf.on.cleanup()
 def write_stats(**_):
-    """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the write counts for the benchmark:
+    """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the read and write counts for the benchmark:
     after passes (at most once a second) and at exit."""
     path = os.environ.get("SHOAL_OPERATOR_STATS_FILE")
     if not path or "r" not in _state:
         return
     with _stats_lock:  # handlers run in a thread pool
-        writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(_state["r"].kube.writes.items())}
+        kube = _state["r"].kube
+        writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(kube.writes.items())}
+        reads = {f"{verb} {plural}": n for (verb, plural), n in sorted(kube.reads.items())}
         try:
             with open(path + ".tmp", "w") as f:
-                json.dump({"writes": writes}, f)
+                json.dump({"writes": writes, "reads": reads}, f)
             os.replace(path + ".tmp", path)
         except OSError as e:  # a report, never a reason to fail a handler
             log.warning("could not write %s: %s", path, e)
