@@ -1,5 +1,5 @@
 """What a pass observed and carries between its steps: pure helpers over pod dicts and the
-per-pass state. No API calls here."""
+per-pass planning state (the actions decided so far). No API calls here."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from shoal.operator import labels as L
+from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
 from shoal.operator.spec import EngineSpec
 
@@ -47,6 +48,13 @@ class PassState:
     serving: set = field(default_factory=set)  # groups in the discovery file as of now
     requeue_after: float | None = None
     created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
+    actions: list[Action] = field(default_factory=list)
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.actions.append(EmitEvent(type_, reason, message))
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.5)
