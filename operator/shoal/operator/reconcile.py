@@ -53,7 +53,7 @@ class Reconciler:
         self.kube = kube
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
-        self.pods = pods or self._list_pods
+        self.pods = pods or listed_pods(kube)
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -132,5 +132,9 @@ class Reconciler:
             if g["phase"] == GroupPhase.READY and (memory.groups.get(g["index"]) or {}).get("phase") != GroupPhase.READY:
                 log.info("%s group %d ready (%d ranks)", ref(body), g["index"], len(g.get("ranks") or []))
 
-    def _list_pods(self, namespace: str, name: str, component: str) -> list[dict]:
-        return self.kube.list("v1", "pods", namespace, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={component}")
+
+def listed_pods(kube: Kube) -> PodSource:
+    """Pods read with a LIST (what a pass does without the operator's index)."""
+    def source(namespace: str, name: str, component: str) -> list[dict]:
+        return kube.list("v1", "pods", namespace, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={component}")
+    return source
