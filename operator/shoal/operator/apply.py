@@ -24,6 +24,9 @@ from shoal.operator.observed import ref
 log = logging.getLogger("shoal.operator.apply")
 
 SINGLETON_CACHE_SECONDS = 60.0
+# A pass reading pods from the index may not see its own delete of a moment ago yet (the watch
+# event is on its way): the same delete is not sent again within this time.
+RECENT_DELETE_SECONDS = 10.0
 
 
 class Applier:
@@ -33,6 +36,7 @@ class Applier:
         self.kube = kube
         self._pdb = pdb_api_version
         self._applied: dict[tuple, tuple[str, float]] = {}
+        self._deleted: dict[tuple, float] = {}
 
     def pdb_api_version(self) -> str | None:
         """policy/v1 where served (1.21+), else policy/v1beta1 (1.20), else no PDB."""
@@ -61,12 +65,20 @@ class Applier:
             log.info("%s group %d: created ranks %s at revision %s", ref(body), action.group,
                      ",".join(map(str, action.ranks)), render.engine_revision(render.spec_of(body)))
         elif isinstance(action, DeletePod):
-            self.kube.delete("v1", "pods", body["metadata"]["namespace"], action.pod,
-                             grace_seconds=action.grace, uid=action.uid)
+            self._delete(body, action)
         elif isinstance(action, EmitEvent):
             events.emit(self.kube, body, action.type, action.reason, action.message)
         else:  # pragma: no cover - a new action type without its writer
             raise TypeError(f"no writer for {action!r}")
+
+    def _delete(self, body: dict, action: DeletePod) -> None:
+        now, key = time.monotonic(), (action.uid or action.pod, action.grace)
+        if now - self._deleted.get(key, float("-inf")) < RECENT_DELETE_SECONDS:
+            return
+        self.kube.delete("v1", "pods", body["metadata"]["namespace"], action.pod,
+                         grace_seconds=action.grace, uid=action.uid)
+        self._deleted = {k: t for k, t in self._deleted.items() if now - t < RECENT_DELETE_SECONDS}
+        self._deleted[key] = now
 
     def _children(self, body: dict, serving: tuple[int, ...]) -> None:
         """In dependency order: what the frontend pods mount and read (ServiceAccount, Role,
