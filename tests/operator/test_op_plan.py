@@ -40,7 +40,8 @@ def pod(g: int, r: int, *, ready: bool = True, rev: str | None = None, created: 
     if deleting is not None:
         meta["deletionTimestamp"] = iso(at(deleting))
         meta["deletionGracePeriodSeconds"] = grace if grace is not None else 45
-    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+              "containerStatuses": [{"name": L.ENGINE_CONTAINER, "state": {"running": {}}}]}
     if exit_code is not None:
         status = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [{
             "name": L.ENGINE_CONTAINER, "state": {"terminated": {
@@ -229,3 +230,38 @@ def test_plan_does_not_change_what_it_was_given():
     before = copy.deepcopy((body, pods, memory))
     plan(EngineSpec.of(body), Observed(body=body, pods=pods), memory, T0)
     assert (body, pods, memory) == before
+
+
+def _starting(**status) -> dict:
+    p = pod(0, 0, ready=False)
+    p["status"] = status
+    return p
+
+
+RUNNING = {"phase": "Running", "containerStatuses": [{"state": {"running": {}}}],
+           "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}
+
+
+@pytest.mark.parametrize("rank0, stage", [
+    ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+     "Scheduling"),
+    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]},
+     "PullingImage"),
+    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]},
+     "PullingImage"),
+    ({"phase": "Running", "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]},
+     "Restarting"),
+    (RUNNING, "Loading"),
+], ids=["unbound", "creating", "image-pull-backoff", "crash-loop", "running-not-ready"])
+def test_a_starting_group_reports_the_stage_of_its_slowest_rank(rank0, stage):
+    p0 = _starting(**rank0)
+    if stage == "Scheduling":
+        p0["spec"] = {}
+    got = _run(Case("stage", pods=[p0, pod(0, 1)], memory=[group(0, "Starting", message="")]))
+    assert (got.groups[0]["phase"], got.groups[0]["stage"]) == ("Starting", stage)
+
+
+@pytest.mark.parametrize("case, stage", [(CASES[0], "Scheduling"), (CASES[2], "Ready"), (CASES[5], None),
+                                         (CASES[3], None)], ids=["created", "ready", "backing-off", "draining"])
+def test_stage_is_reported_while_starting_or_ready_only(case, stage):
+    assert _run(case).groups[0 if case is not CASES[3] else 1].get("stage") == stage

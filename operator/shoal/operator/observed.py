@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from shoal.operator import labels as L
 from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
+from shoal.operator.phases import GroupStage
 from shoal.operator.spec import EngineSpec
 
 
@@ -147,3 +148,28 @@ def stalled(st: PassState, g: int, pods: dict[int, dict], startup_timeout: int) 
                            f"its group was created (limit {limit}s: engine.startupTimeoutSeconds "
                            f"+ {STALL_MARGIN_SECONDS}s); {why}",
                    time=iso(deadline))
+
+
+IMAGE_WAITS = ("ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff")
+
+
+def startup_stage(pods: dict[int, dict]) -> GroupStage:
+    """The earliest stage any rank of a group is in (a group is as far as its slowest rank)."""
+    stages = []
+    for p in pods.values():
+        status = p.get("status") or {}
+        scheduled = (p.get("spec") or {}).get("nodeName") or any(
+            c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or [])
+        waits = [(cs.get("state") or {}).get("waiting") for cs in status.get("containerStatuses") or []]
+        if not scheduled:
+            stages.append(GroupStage.SCHEDULING)
+        elif not status.get("containerStatuses") or any(w and w.get("reason") in IMAGE_WAITS for w in waits):
+            stages.append(GroupStage.PULLING_IMAGE)
+        elif any(waits):
+            stages.append(GroupStage.RESTARTING)
+        elif not pod_ready(p):
+            stages.append(GroupStage.LOADING)
+        else:
+            stages.append(GroupStage.READY)
+    order = list(GroupStage)
+    return min(stages, key=order.index, default=GroupStage.SCHEDULING)

@@ -36,10 +36,11 @@ from shoal.operator.observed import (
     ranks_status,
     revision_of,
     stalled,
+    startup_stage,
     vanished,
     waiting_reason,
 )
-from shoal.operator.phases import GroupPhase
+from shoal.operator.phases import GroupPhase, GroupStage
 from shoal.operator.shutdown import stop, teardown_dead
 from shoal.operator.spec import EngineSpec
 from shoal.operator.validation import spec_problems
@@ -115,6 +116,8 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
         else:
             new = _group(st, g, mem, gpods)
         if new is not None:
+            if new.get("phase") not in (GroupPhase.STARTING, GroupPhase.READY):
+                new.pop("stage", None)
             seen = {**gpods, **st.created.get(g, {})}
             new["ranks"] = ranks_status(seen if new.get("phase") != GroupPhase.BACKING_OFF else {})
             groups.append(new)
@@ -184,7 +187,7 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     if all(pod_ready(p) for p in pods.values()):
         if mem.get("phase") != GroupPhase.READY:
             mem["readySince"] = iso(st.now)
-        mem.update(phase=GroupPhase.READY, message=f"all {nodes} ranks ready")
+        mem.update(phase=GroupPhase.READY, stage=GroupStage.READY, message=f"all {nodes} ranks ready")
         since = parse_time(mem.get("readySince"))
         if mem.get("restarts") and since and (st.now - since).total_seconds() >= st.spec.restart.reset_after_seconds:
             mem["restarts"] = 0
@@ -194,7 +197,7 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     message = f"{ready}/{nodes} ranks ready" + (f"; {'; '.join(waiting)}" if waiting else "")
     if waiting and message != mem.get("message"):  # Pending reasons, once per change
         st.event(WARNING, "RankWaiting", f"group {g}: {'; '.join(waiting)}")
-    mem.update(phase=GroupPhase.STARTING, message=message)
+    mem.update(phase=GroupPhase.STARTING, stage=startup_stage(pods), message=message)
     mem.pop("readySince", None)
     return mem
 
@@ -254,7 +257,8 @@ def _create(st: PassState, g: int, mem: dict, existing: dict | None = None) -> d
     missing = {r: p for r, p in missing.items() if r not in existing}
     st.act(CreatePods(g, tuple(sorted(missing))))
     st.created.setdefault(g, {}).update(missing)
-    mem.update(phase=GroupPhase.STARTING, revision=st.rev, message=f"0/{st.spec.nodes_per_group} ranks ready")
+    mem.update(phase=GroupPhase.STARTING, stage=GroupStage.SCHEDULING, revision=st.rev,
+               message=f"0/{st.spec.nodes_per_group} ranks ready")
     for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
         mem.pop(k, None)
     return mem
