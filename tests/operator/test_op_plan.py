@@ -80,6 +80,7 @@ class Case:
     actions: tuple = ()
     requeue: float | None = None
     phases: dict = field(default_factory=dict)  # group -> phase after the pass
+    in_flight: dict = field(default_factory=dict)  # draining group -> rank 0's requests, as probed
 
 
 OOM = dict(exit_code=137, reason="OOMKilled")
@@ -181,6 +182,10 @@ CASES = [
 ]
 
 
+def case(prefix: str) -> Case:
+    return next(c for c in CASES if c.name.startswith(prefix))
+
+
 def _shape(actions) -> tuple:
     return tuple(("event", a.type, a.reason) if isinstance(a, EmitEvent) else a for a in actions)
 
@@ -197,7 +202,7 @@ def _run(case: Case):
         by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
     memory = Memory(groups={m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
                             for m in case.memory})
-    return plan(EngineSpec.of(body), Observed(body=body, pods=by_group), memory, case.now)
+    return plan(EngineSpec.of(body), Observed(body=body, pods=by_group, in_flight=case.in_flight), memory, case.now)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -209,7 +214,7 @@ def test_plan(case: Case):
 
 
 def test_backoff_is_stored_as_a_deadline_and_counted():
-    got = _run(CASES[5])
+    got = _run(case("a dead rank tears"))
     g = got.groups[0]
     assert (g["restarts"], g["nextRestartTime"], got.restart_count) == (1, iso(at(10)), 1)
     assert got.last_failure["cause"] == "oom_killed" and got.last_failure["rank"] == 1
@@ -217,8 +222,8 @@ def test_backoff_is_stored_as_a_deadline_and_counted():
 
 
 def test_a_death_already_handled_is_not_acted_on_again():
-    first = _run(CASES[10])
-    again = Case("again", pods=CASES[10].pods, memory=[first.groups[0]])
+    first = _run(case("a permanent failure"))
+    again = Case("again", pods=case("a permanent failure").pods, memory=[first.groups[0]])
     got = _run(again)
     assert _shape(got.actions) == (ApplyChildren(()), WriteDiscovery(())), "no second Event, no second delete"
     assert got.groups[0]["phase"] == "Failed" and got.restart_count == 0
@@ -261,7 +266,33 @@ def test_a_starting_group_reports_the_stage_of_its_slowest_rank(rank0, stage):
     assert (got.groups[0]["phase"], got.groups[0]["stage"]) == ("Starting", stage)
 
 
-@pytest.mark.parametrize("case, stage", [(CASES[0], "Scheduling"), (CASES[2], "Ready"), (CASES[5], None),
-                                         (CASES[3], None)], ids=["created", "ready", "backing-off", "draining"])
-def test_stage_is_reported_while_starting_or_ready_only(case, stage):
-    assert _run(case).groups[0 if case is not CASES[3] else 1].get("stage") == stage
+@pytest.mark.parametrize("name, g, stage", [("a new engine", 0, "Scheduling"), ("scale up adds", 0, "Ready"),
+                                             ("a dead rank tears", 0, None), ("scale down withdraws", 1, None)],
+                         ids=["created", "ready", "backing-off", "draining"])
+def test_stage_is_reported_while_starting_or_ready_only(name, g, stage):
+    assert _run(case(name)).groups[g].get("stage") == stage
+
+
+def _draining(n: int | None, ip: str | None = "10.0.0.7") -> Case:
+    p0 = pod(0, 0, deleting=-5)
+    if ip:
+        p0["status"]["podIP"] = ip
+    return Case("draining", pods=[p0, pod(0, 1)], deleting=True, in_flight={} if n is None else {0: n},
+                memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-5)))])
+
+
+@pytest.mark.parametrize("n, message", [
+    (None, "rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
+    (3, "draining: 3 requests in flight; rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
+    (1, "draining: 1 request in flight; rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
+])
+def test_a_draining_group_says_how_many_requests_rank_0_still_has(n, message):
+    got = _run(_draining(n))
+    assert got.groups[0]["message"] == message and _shape(got.actions) == ()
+    assert got.drain_probes == {0: "http://10.0.0.7:8000/metrics"}
+
+
+def test_rank_0_without_an_address_is_not_probed_and_a_finished_drain_is_not():
+    assert _run(_draining(None, ip=None)).drain_probes == {}
+    assert _run(case("scale down: once rank 0")).drain_probes == {}, "rank 0's engine ended: nothing left to count"
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from op_builders import engine
-from op_kubelet import ready_frontends, set_ready, terminate
+from op_kubelet import bind, ready_frontends, set_ready, terminate
 from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
 from shoal.engine.termination import Cause, encode
 from shoal.operator import labels as L
@@ -199,3 +199,30 @@ def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, 
     assert "not restarting while the spec is invalid" in events(kube, ns, "EngineDied")[0]["message"]
     r.reconcile(body)
     assert set(pods(kube, ns, "inv")) == {"inv-g0-r0", "inv-g0-r1"}, "nothing deleted or created"
+
+
+def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, kube):
+    """The in-flight count of a draining rank 0 (read by the drain probes, injected here) is in
+    the group's message: one status write when it changes, none while it stays."""
+    ns = quiet_ns
+    body = create_ie(kube, engine("dr", ns).groups(2).ranks(2).manifest())
+    counts: dict[int, int] = {}
+    r = Reconciler(Kube(control_plane.api_client()), in_flight=lambda namespace, name: dict(counts))
+    r.reconcile(body)
+    for name in wait_for(lambda: (lambda p: p if len(p) == 4 else None)(pods(kube, ns, "dr")), timeout=10):
+        bind(kube, ns, name)  # a bound pod is deleted gracefully: rank 0 stays while it drains
+        set_ready(kube, ns, name)
+    r.reconcile(body)
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "dr", {"spec": {"replicas": 1}})
+    out = r.reconcile(body)
+    assert out.drain_probes == {1: f"http://10.244.0.10:{L.HTTP_PORT}/metrics"}
+
+    def group1():
+        return next(g for g in ie(kube, ns, "dr")["status"]["groups"] if g["index"] == 1)
+
+    for n, writes in ((3, 1), (3, 0), (0, 1)):
+        counts[1] = n
+        r.kube.writes.clear()
+        r.reconcile(body)
+        assert _writes(r) == ({"patch/status inferenceengines": 1} if writes else {}), (n, _writes(r))
+        assert group1()["message"].startswith(f"draining: {n} requests in flight")

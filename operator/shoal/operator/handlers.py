@@ -5,6 +5,7 @@ Triggers, all funnelled into one `Reconciler.reconcile(body)` guarded by a per-r
 - any engine or frontend pod of ours changes (a rank got ready, terminated, was deleted);
 - the time a pass planned (a backoff deadline, a drain's deadline): `Wakeups` runs that pass
   when it is due, so a restart due in 37 s happens at 37 s;
+- a new in-flight count of a draining rank 0 (drain_probe.py);
 - a timer: a full pass every $SHOAL_FULL_RESYNC_SECONDS as a safety net for missed events;
 - deletion: a finalizer holds the resource until every group has stopped in order.
 
@@ -26,6 +27,7 @@ import time
 import kopf
 from shoal.operator import labels as L
 from shoal.operator import pod_index
+from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler, listed_pods
 from shoal.operator.wakeups import Wakeups
@@ -45,8 +47,15 @@ def reconciler() -> Reconciler:
     if "r" not in _state:
         kube = Kube()
         _state["pods"] = pod_index.PodIndex(listed_pods(kube))
-        _state["r"] = Reconciler(kube, pods=_state["pods"])
+        _state["r"] = Reconciler(kube, pods=_state["pods"], in_flight=drain_probes().counts)
     return _state["r"]
+
+
+def drain_probes() -> DrainProbes:
+    """Rank 0's in-flight count while it drains; a new count asks for a pass at once."""
+    if "d" not in _state:
+        _state["d"] = DrainProbes(on_change=lambda key: wakeups().schedule(key, 0))
+    return _state["d"]
 
 
 def _attach(kwargs: dict) -> None:
@@ -84,6 +93,12 @@ def configure(settings: kopf.OperatorSettings, **_):
              reconciler().pdb_api_version())
 
 
+@kopf.on.startup()
+async def bind_drain_probes(**_):
+    """Drain probes run on kopf's event loop (async, each read bounded by a 1 s timeout)."""
+    drain_probes().bind(asyncio.get_running_loop())
+
+
 @kopf.on.cleanup()
 def write_stats(**_):
     """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the read and write counts for the benchmark:
@@ -111,9 +126,10 @@ def _after_pass() -> None:
 
 def _reconcile(body):
     outcome = reconciler().reconcile(_plain(body))
+    meta = body["metadata"]
     if outcome.requeue_after is not None:
-        meta = body["metadata"]
         wakeups().schedule((meta["namespace"], meta["name"]), outcome.requeue_after)
+    drain_probes().follow(meta["namespace"], meta["name"], outcome.drain_probes)
     _after_pass()
     return outcome
 

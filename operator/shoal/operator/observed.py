@@ -50,6 +50,8 @@ class PassState:
     requeue_after: float | None = None
     created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
     actions: list[Action] = field(default_factory=list)
+    in_flight: dict = field(default_factory=dict)  # group -> rank 0's requests in flight (draining)
+    drain_probes: dict = field(default_factory=dict)  # group -> rank 0's /metrics URL to read
 
     def act(self, action: Action) -> None:
         self.actions.append(action)
@@ -69,6 +71,11 @@ def owned_by(pod: dict, uid: str | None) -> bool:
 def revision_of(pods: dict[int, dict]) -> str | None:
     revs = {p["metadata"]["labels"].get(L.LABEL_REVISION) for p in pods.values()}
     return revs.pop() if len(revs) == 1 else (None if not revs else "mixed")
+
+
+def metrics_url(pod: dict) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{L.HTTP_PORT}/metrics" if ip else None
 
 
 def ranks_status(pods: dict[int, dict]) -> list[dict]:

@@ -48,11 +48,12 @@ from shoal.operator.validation import spec_problems
 
 @dataclass(frozen=True)
 class Observed:
-    """What this pass read: the resource (its metadata names every child) and its engine pods
-    by group and rank."""
+    """What this pass read: the resource (its metadata names every child), its engine pods by
+    group and rank, and the last in-flight count of each draining rank 0 (drain_probe.py)."""
 
     body: dict
     pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
+    in_flight: Mapping[int, int] = field(default_factory=dict)  # draining group -> rank 0's requests
 
     @property
     def deleting(self) -> bool:
@@ -85,6 +86,7 @@ class Plan:
     revision: str
     last_failure: dict | None
     restart_count: int
+    drain_probes: Mapping[int, str] = field(default_factory=dict)  # draining group -> rank 0's /metrics
 
 
 def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime) -> Plan:
@@ -93,7 +95,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
     replicas = 0 if deleting else spec.replicas
     st = PassState(body=body, spec=spec, now=now, rev=render.engine_revision(spec.raw),
                    old_status={}, last_failure=memory.last_failure, restart_count=memory.restart_count,
-                   deleting=deleting,
+                   deleting=deleting, in_flight=dict(observed.in_flight),
                    serving={g for g, m in memory.groups.items() if m.get("phase") == GroupPhase.READY and g < replicas})
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
     if not problems and not deleting:
@@ -129,7 +131,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
         st.act(WriteDiscovery(ready))
     return Plan(actions=tuple(st.actions), requeue_after=st.requeue_after, groups=tuple(groups),
                 ready_groups=ready, problems=tuple(problems), replicas=replicas, revision=st.rev,
-                last_failure=st.last_failure, restart_count=st.restart_count)
+                last_failure=st.last_failure, restart_count=st.restart_count, drain_probes=dict(st.drain_probes))
 
 
 def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:

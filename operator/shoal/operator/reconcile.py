@@ -33,6 +33,8 @@ log = logging.getLogger("shoal.operator.reconcile")
 # (namespace, engine name, component) -> that engine's pods of the component, as the API or an
 # index holds them.
 PodSource = Callable[[str, str, str], list[dict]]
+# (namespace, engine name) -> draining group -> rank 0's requests in flight, as last read.
+InFlight = Callable[[str, str], dict[int, int]]
 
 
 @dataclass
@@ -42,18 +44,21 @@ class Outcome:
     pods_left: int = 0
     requeue_after: float | None = None
     status: dict = field(default_factory=dict)
+    drain_probes: dict = field(default_factory=dict)  # draining group -> rank 0's /metrics URL
 
 
 class Reconciler:
     """Holds the API client, a clock, where pods are read from (a LIST per pass unless the
-    handlers give their kopf index) and the applier; one lock per resource serialises passes."""
+    handlers give their kopf index), where drain counts are read from (none unless the handlers
+    run drain probes) and the applier; one lock per resource serialises passes."""
 
     def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True,
-                 pods: PodSource | None = None):
+                 pods: PodSource | None = None, in_flight: InFlight | None = None):
         self.kube = kube
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self.pods = pods or listed_pods(kube)
+        self.in_flight = in_flight or (lambda namespace, name: {})
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -99,7 +104,7 @@ class Reconciler:
         self._log_changes(body, memory, p)
         status = self._report(body, spec, p, observed, old, now)
         return Outcome(pods_left=sum(len(g) for g in observed.pods.values()), requeue_after=p.requeue_after,
-                       status=status)
+                       status=status, drain_probes=dict(p.drain_probes))
 
     def _observe(self, body: dict) -> Observed:
         meta = body["metadata"]
@@ -108,7 +113,7 @@ class Reconciler:
             if owned_by(p, meta.get("uid")):
                 lbl = p["metadata"]["labels"]
                 by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
-        return Observed(body=body, pods=by_group)
+        return Observed(body=body, pods=by_group, in_flight=self.in_flight(meta["namespace"], meta["name"]))
 
     def _report(self, body: dict, spec: EngineSpec, p: Plan, observed: Observed, old: dict,
                 now: dt.datetime) -> dict:

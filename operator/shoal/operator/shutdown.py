@@ -14,7 +14,7 @@ from shoal.operator import render
 from shoal.operator.actions import DeletePod, WriteDiscovery
 from shoal.operator.events import NORMAL, WARNING
 from shoal.operator.failures import is_stopping, root_cause, terminated_state
-from shoal.operator.observed import PassState, iso, parse_time
+from shoal.operator.observed import PassState, iso, metrics_url, parse_time
 from shoal.operator.phases import GroupPhase
 
 # A dead group's live ranks get SIGTERM and this long before SIGKILL (not their drain grace:
@@ -92,6 +92,10 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
         # every pass. Rank 0's container ending is a pod event; the deadline is a wake-up.
         started = parse_time(mem.get("drainStartTime")) or st.now
         mem["message"] = f"rank 0 draining ({reason}) for up to {timeout}s since {iso(started)}"
+        if (url := metrics_url(rank0)) is not None:
+            st.drain_probes[g] = url
+        if (n := st.in_flight.get(g)) is not None:  # the last count read from rank 0's /metrics
+            mem["message"] = f"draining: {n} request{'s' if n != 1 else ''} in flight; " + mem["message"]
         deadline = started + dt.timedelta(seconds=timeout + render.SHUTDOWN_MARGIN_SECONDS)
         st.requeue(max((deadline - st.now).total_seconds(), 2.0))
         return mem
