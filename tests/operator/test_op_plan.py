@@ -124,8 +124,11 @@ CASES = [
          pods=[], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(7)))], now=at(7),
          actions=(ApplyChildren(()), ev("Normal", "GroupRestarted"), CreatePods(0, (0, 1)), WriteDiscovery(())),
          phases={0: "Starting"}),
-    Case("backing off while an old rank still stops: no replacement beside it, a look when it is overdue",
+    Case("backing off while an old rank still stops: no replacement beside it, a look when the restart is due",
          pods=[pod(0, 0, deleting=-5, grace=10)], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(5)))],
+         actions=(ApplyChildren(()), WriteDiscovery(())), requeue=5, phases={0: "BackingOff"}),
+    Case("a due restart waits for an old rank still stopping, a look when that rank is overdue",
+         pods=[pod(0, 0, deleting=-5, grace=10)], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(-1)))],
          actions=(ApplyChildren(()), WriteDiscovery(())), requeue=25, phases={0: "BackingOff"}),
     Case("a permanent failure is not restarted: the failed pod stays for its logs, the rest stop",
          pods=[pod(0, 0, exit_code=1, message=encode(Cause.MODEL_NOT_FOUND, "no /models/tiny")), pod(0, 1)],
@@ -296,3 +299,9 @@ def test_rank_0_without_an_address_is_not_probed_and_a_finished_drain_is_not():
     assert _run(_draining(None, ip=None)).drain_probes == {}
     assert _run(case("scale down: once rank 0")).drain_probes == {}, "rank 0's engine ended: nothing left to count"
 
+
+def test_a_due_restart_says_which_old_pods_it_waits_for():
+    waiting = case("a due restart waits")
+    assert _run(waiting).groups[0]["message"] == "restart 1 due; waiting for the old pods to stop: llm-g0-r0"
+    early = case("backing off while an old rank")
+    assert "message" not in _run(early).groups[0], "before it is due, the death's message stays"

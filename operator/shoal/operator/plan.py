@@ -162,12 +162,16 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
                 return _create(st, g, mem)
         return mem
     if phase == GroupPhase.BACKING_OFF:
-        if pods:  # the old ranks are still stopping: no replacement starts beside them
-            teardown_dead(st, pods)
-            return mem
         due = parse_time(mem.get("nextRestartTime"))
         if due and st.now < due:
             st.requeue((due - st.now).total_seconds())
+        if pods:  # the old ranks are still stopping: no replacement starts beside them
+            teardown_dead(st, pods)
+            if not due or st.now >= due:  # say why a due restart waits (once: no clock in it)
+                mem["message"] = (f"restart {mem['restarts']} due; waiting for the old pods to stop: "
+                                  + ", ".join(p["metadata"]["name"] for _, p in sorted(pods.items())))
+            return mem
+        if due and st.now < due:
             return mem
         st.event(NORMAL, "GroupRestarted", f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
         mem.pop("nextRestartTime", None)
