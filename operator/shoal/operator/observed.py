@@ -38,11 +38,13 @@ def pod_ready(pod: dict) -> bool:
 
 @dataclass
 class PassState:
+    """One pass's planning state inside `plan()`: its inputs, and what it decided so far (the
+    actions in order, the earliest next look). Mutable on purpose, and never seen outside."""
+
     body: dict
     spec: EngineSpec
     now: dt.datetime
     rev: str
-    old_status: dict
     last_failure: dict | None
     restart_count: int
     deleting: bool = False

@@ -94,7 +94,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
     problems = spec_problems(body["metadata"]["name"], spec.raw)
     replicas = 0 if deleting else spec.replicas
     st = PassState(body=body, spec=spec, now=now, rev=render.engine_revision(spec.raw),
-                   old_status={}, last_failure=memory.last_failure, restart_count=memory.restart_count,
+                   last_failure=memory.last_failure, restart_count=memory.restart_count,
                    deleting=deleting, in_flight=dict(observed.in_flight),
                    serving={g for g, m in memory.groups.items() if m.get("phase") == GroupPhase.READY and g < replicas})
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
