@@ -226,3 +226,25 @@ def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, k
         r.reconcile(body)
         assert _writes(r) == ({"patch/status inferenceengines": 1} if writes else {}), (n, _writes(r))
         assert group1()["message"].startswith(f"draining: {n} requests in flight")
+
+
+def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plane, crd_installed, kube, tmp_path):
+    """The operator process counts its own reads: a create -> Ready takes several passes, none
+    of which LISTs pods (kopf's index holds them); each still GETs the resource (its memory)."""
+    import json
+
+    ns = control_plane.new_namespace("opr")  # before the start: kopf lists existing namespaces
+    stats = tmp_path / "stats.json"
+    op = OperatorProcess(control_plane, "opr-*", tmp_path / "operator.log", stats_path=stats).start()
+    try:
+        create_ie(kube, engine("ix", ns).ranks(2).manifest())
+        for name in wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(kube, ns, "ix")), timeout=30):
+            set_ready(kube, ns, name)
+        wait_for(lambda: ((ie(kube, ns, "ix").get("status") or {}).get("groups") or [{}])[0].get("phase") == "Ready",
+                 timeout=20, what="group 0 Ready")
+    finally:
+        cleanup_namespace(kube, ns)
+        op.stop()  # the cleanup handler writes the final counts
+    reads = json.loads(stats.read_text())["reads"]
+    assert reads.get("get inferenceengines", 0) >= 3, reads
+    assert "list pods" not in reads, reads
