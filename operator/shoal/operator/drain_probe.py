@@ -57,6 +57,7 @@ class DrainProbes:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[tuple, tuple[str, asyncio.Task]] = {}  # (ns, name, group) -> (url, task)
         self._counts: dict[tuple, int] = {}
+        self._engines: set[tuple[str, str]] = set()  # engines with a group followed
         self._lock = threading.Lock()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -69,7 +70,10 @@ class DrainProbes:
 
     def follow(self, namespace: str, name: str, targets: dict[int, str]) -> None:
         """Probe exactly these groups (group -> rank 0's /metrics URL) of one engine from now on."""
-        if self._loop is not None and (targets or any(k[:2] == (namespace, name) for k in self._tasks)):
+        with self._lock:  # called from worker threads: _tasks belongs to the loop
+            known = (namespace, name) in self._engines
+            (self._engines.add if targets else self._engines.discard)((namespace, name))
+        if self._loop is not None and (targets or known):
             self._loop.call_soon_threadsafe(self._sync, namespace, name, dict(targets))
 
     def _sync(self, namespace: str, name: str, targets: dict[int, str]) -> None:
