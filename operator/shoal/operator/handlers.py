@@ -124,10 +124,8 @@ def _after_pass() -> None:
         write_stats()
 
 
-def _reconcile(body, coalesce: bool = False):
-    outcome = reconciler().reconcile(_plain(body), coalesce=coalesce)
-    if outcome is None:  # a pass already waiting will see this event
-        return None
+def _reconcile(body):
+    outcome = reconciler().reconcile(_plain(body))
     meta = body["metadata"]
     if outcome.requeue_after is not None:
         wakeups().schedule((meta["namespace"], meta["name"]), outcome.requeue_after)
@@ -168,7 +166,7 @@ def on_pod(body, **kw):
     owner = next((o for o in body["metadata"].get("ownerReferences") or [] if o.get("kind") == L.KIND), None)
     if owner:  # reconcile() reads the owner afresh; the uid guards against a same-name successor
         _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
-                                 "name": owner["name"], "uid": owner.get("uid")}}, coalesce=True)
+                                 "name": owner["name"], "uid": owner.get("uid")}})
 
 
 @kopf.on.event("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_FRONTEND})
@@ -179,7 +177,7 @@ def on_frontend_pod(body, type, **kw):
     labels = body["metadata"].get("labels") or {}
     if type in ("ADDED", "MODIFIED", "DELETED") and labels.get(L.LABEL_ENGINE):
         _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
-                                 "name": labels[L.LABEL_ENGINE]}}, coalesce=True)
+                                 "name": labels[L.LABEL_ENGINE]}})
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.PLURAL)

@@ -63,29 +63,15 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
         self._passes: dict[tuple, int] = {}
-        self._waiting: dict[tuple, int] = {}  # passes waiting for the resource's lock
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
-    def reconcile(self, body: dict, *, coalesce: bool = False) -> Outcome | None:
-        """One pass. With `coalesce` (a pod event), None instead when a pass of the same resource
-        is already waiting for the lock: that pass observes after this event (the pod index is
-        updated before the handler runs), so a second one would only repeat it."""
+    def reconcile(self, body: dict) -> Outcome:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
-        # A waiting pass for another uid (a same-name predecessor) would not serve this event.
-        mine, any_uid = (*key, meta.get("uid")), (*key, None)
-        with self._locks_guard:
-            if coalesce and (self._waiting.get(mine) or self._waiting.get(any_uid)):
-                return None
-            self._waiting[mine] = self._waiting.get(mine, 0) + 1
         with self.lock(*key):
-            with self._locks_guard:
-                self._waiting[mine] -= 1
-                if not self._waiting[mine]:
-                    del self._waiting[mine]
             # Work on the freshest copy: handlers may hand us a body that is a few events old.
             fresh = self.kube.get(L.API_VERSION, L.PLURAL, *key)
             if fresh is None or (meta.get("uid") and fresh["metadata"].get("uid") != meta["uid"]):
