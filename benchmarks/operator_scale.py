@@ -10,8 +10,8 @@ process, creates the engines and reports:
 - time until every child object exists (pods, Deployments, Services, ConfigMaps, PDBs);
 - time until every engine reports phase Ready once the script, playing the kubelet, has marked
   every pod running and ready;
-- the operator's API writes per resource (counted by the operator itself), CPU seconds and
-  peak resident memory;
+- the operator's API writes and reads (GET, LIST) per resource, counted by the operator itself
+  (not kopf's watches), CPU seconds and peak resident memory;
 - writes to the InferenceEngines themselves per lifecycle stage (create -> Ready, delete), seen
   by a watch: status patches, and metadata patches (kopf's progress annotations, finalizer);
   the operator cannot count kopf's own writes.
@@ -239,13 +239,14 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         except subprocess.TimeoutExpired:
             op.kill()
         log.close()
-    writes = json.loads(stats.read_text())["writes"] if stats.exists() else {}
+    counts = json.loads(stats.read_text()) if stats.exists() else {}
+    writes, reads = counts.get("writes", {}), counts.get("reads", {})
     kube.request("DELETE", f"/api/v1/namespaces/{ns}")
     return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
             "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
             "delete_s": t_deleted, "drain_s": drain_s,
             "engine_writes": dict(sorted(engine_writes.items())),
-            "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes}
+            "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes, "reads": reads}
 
 
 def table(r: dict) -> str:
@@ -264,6 +265,10 @@ def table(r: dict) -> str:
     total = sum(r["writes"].values())
     rows += [(f"writes: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(r["writes"].items())]
     rows.append(("writes: total", f"{total} ({total / r['engines']:.1f}/engine)"))
+    reads = r.get("reads", {})
+    rows += [(f"reads: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(reads.items())]
+    calls = total + sum(reads.values())
+    rows.append(("API calls (reads + writes): total", f"{calls} ({calls / r['engines']:.1f}/engine)"))
     rows += [(f"InferenceEngine {k} writes", f"{v} ({v / r['engines']:.2f}/engine)")
              for k, v in r["engine_writes"].items()]
     w = max(len(a) for a, _ in rows)

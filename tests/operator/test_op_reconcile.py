@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from op_builders import engine
-from op_kubelet import ready_frontends, set_ready, terminate
+from op_kubelet import bind, ready_frontends, set_ready, terminate
 from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
 from shoal.engine.termination import Cause, encode
 from shoal.operator import labels as L
@@ -199,3 +199,52 @@ def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, 
     assert "not restarting while the spec is invalid" in events(kube, ns, "EngineDied")[0]["message"]
     r.reconcile(body)
     assert set(pods(kube, ns, "inv")) == {"inv-g0-r0", "inv-g0-r1"}, "nothing deleted or created"
+
+
+def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, kube):
+    """The in-flight count of a draining rank 0 (read by the drain probes, injected here) is in
+    the group's message: one status write when it changes, none while it stays."""
+    ns = quiet_ns
+    body = create_ie(kube, engine("dr", ns).groups(2).ranks(2).manifest())
+    counts: dict[int, int] = {}
+    r = Reconciler(Kube(control_plane.api_client()), in_flight=lambda namespace, name: dict(counts))
+    r.reconcile(body)
+    for name in wait_for(lambda: (lambda p: p if len(p) == 4 else None)(pods(kube, ns, "dr")), timeout=10):
+        bind(kube, ns, name)  # a bound pod is deleted gracefully: rank 0 stays while it drains
+        set_ready(kube, ns, name)
+    r.reconcile(body)
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "dr", {"spec": {"replicas": 1}})
+    out = r.reconcile(body)
+    assert out.drain_probes == {1: f"http://10.244.0.10:{L.HTTP_PORT}/metrics"}
+
+    def group1():
+        return next(g for g in ie(kube, ns, "dr")["status"]["groups"] if g["index"] == 1)
+
+    for n, writes in ((3, 1), (3, 0), (0, 1)):
+        counts[1] = n
+        r.kube.writes.clear()
+        r.reconcile(body)
+        assert _writes(r) == ({"patch/status inferenceengines": 1} if writes else {}), (n, _writes(r))
+        assert group1()["message"].startswith(f"draining: {n} requests in flight")
+
+
+def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plane, crd_installed, kube, tmp_path):
+    """The operator process counts its own reads: a create -> Ready takes several passes, none
+    of which LISTs pods (kopf's index holds them); each still GETs the resource (its memory)."""
+    import json
+
+    ns = control_plane.new_namespace("opr")  # before the start: kopf lists existing namespaces
+    stats = tmp_path / "stats.json"
+    op = OperatorProcess(control_plane, "opr-*", tmp_path / "operator.log", stats_path=stats).start()
+    try:
+        create_ie(kube, engine("ix", ns).ranks(2).manifest())
+        for name in wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(kube, ns, "ix")), timeout=30):
+            set_ready(kube, ns, name)
+        wait_for(lambda: ((ie(kube, ns, "ix").get("status") or {}).get("groups") or [{}])[0].get("phase") == "Ready",
+                 timeout=20, what="group 0 Ready")
+    finally:
+        cleanup_namespace(kube, ns)
+        op.stop()  # the cleanup handler writes the final counts
+    reads = json.loads(stats.read_text())["reads"]
+    assert reads.get("get inferenceengines", 0) >= 3, reads
+    assert "list pods" not in reads, reads

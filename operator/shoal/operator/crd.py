@@ -20,7 +20,7 @@ import sys
 import yaml
 from shoal.engine.router.affinity import ROUTINGS
 from shoal.operator.labels import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from shoal.operator.phases import GroupPhase, Phase
+from shoal.operator.phases import GroupPhase, GroupStage, Phase
 from shoal.operator.spec import DEFAULTS
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -33,6 +33,7 @@ RESTART_POLICIES = ["RecreateGroupOnFailure", "Never"]
 RUNTIMES = ["Shoal", "VLLM"]
 PHASES = [p.value for p in Phase]
 GROUP_PHASES = [p.value for p in GroupPhase]
+GROUP_STAGES = [s.value for s in GroupStage]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EngineDead", "SpecValid"]
 
 
@@ -276,6 +277,8 @@ def status_schema() -> dict:
         {
             "index": _s("integer", "index of the group. Example: `0`.", format="int32"),
             "phase": _s("string", f"phase of the group: one of {', '.join(GROUP_PHASES)}.", enum=GROUP_PHASES),
+            "stage": _s("string", "stage is where a Starting or Ready group is in its start-up: one of "
+                                  f"{', '.join(GROUP_STAGES)}. Absent in other phases.", enum=GROUP_STAGES),
             "revision": _s("string", "revision is the hash of the engine spec the group runs."),
             "restarts": _s("integer", "restarts is the number of consecutive restarts of this group.", format="int32"),
             "nextRestartTime": _s("string", "nextRestartTime is when a backing-off group is recreated.", format="date-time"),

@@ -5,8 +5,11 @@ Triggers, all funnelled into one `Reconciler.reconcile(body)` guarded by a per-r
 - any engine or frontend pod of ours changes (a rank got ready, terminated, was deleted);
 - the time a pass planned (a backoff deadline, a drain's deadline): `Wakeups` runs that pass
   when it is due, so a restart due in 37 s happens at 37 s;
+- a new in-flight count of a draining rank 0 (drain_probe.py);
 - a timer: a full pass every $SHOAL_FULL_RESYNC_SECONDS as a safety net for missed events;
 - deletion: a finalizer holds the resource until every group has stopped in order.
+
+Pods are read from kopf's index (`pods_by_engine`, see pod_index.py), not listed per pass.
 
 Handler progress and the diff base are kept in annotations under `shoal.dev/`: the structural
 schema prunes unknown status fields, so kopf's default `status.kopf` would not persist.
@@ -23,8 +26,10 @@ import time
 
 import kopf
 from shoal.operator import labels as L
+from shoal.operator import pod_index
+from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
-from shoal.operator.reconcile import Reconciler
+from shoal.operator.reconcile import Reconciler, listed_pods
 from shoal.operator.wakeups import Wakeups
 
 log = logging.getLogger("shoal.operator")
@@ -40,8 +45,31 @@ _stats_lock = threading.Lock()
 
 def reconciler() -> Reconciler:
     if "r" not in _state:
-        _state["r"] = Reconciler(Kube())
+        kube = Kube()
+        _state["pods"] = pod_index.PodIndex(listed_pods(kube))
+        _state["r"] = Reconciler(kube, pods=_state["pods"], in_flight=drain_probes().counts)
     return _state["r"]
+
+
+def drain_probes() -> DrainProbes:
+    """Rank 0's in-flight count while it drains; a new count asks for a pass at once."""
+    if "d" not in _state:
+        _state["d"] = DrainProbes(on_change=lambda key: wakeups().schedule(key, 0))
+    return _state["d"]
+
+
+def _attach(kwargs: dict) -> None:
+    """Hand kopf's pod index to the reconciler (kopf passes indices to handlers only)."""
+    if kwargs.get(pod_index.INDEX) is not None:
+        reconciler()
+        _state["pods"].attach(kwargs[pod_index.INDEX])
+
+
+@kopf.index("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY})
+def pods_by_engine(namespace, labels, body, **_):
+    """Engine and frontend pods by (namespace, engine, component): a pass reads them here."""
+    key = pod_index.key_of(namespace, labels)
+    return {key: pod_index.snapshot(body)} if key else None
 
 
 def wakeups() -> Wakeups:
@@ -65,18 +93,26 @@ def configure(settings: kopf.OperatorSettings, **_):
              reconciler().pdb_api_version())
 
 
+@kopf.on.startup()
+async def bind_drain_probes(**_):
+    """Drain probes run on kopf's event loop (async, each read bounded by a 1 s timeout)."""
+    drain_probes().bind(asyncio.get_running_loop())
+
+
 @kopf.on.cleanup()
 def write_stats(**_):
-    """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the write counts for the benchmark:
+    """Where asked ($SHOAL_OPERATOR_STATS_FILE), leave the read and write counts for the benchmark:
     after passes (at most once a second) and at exit."""
     path = os.environ.get("SHOAL_OPERATOR_STATS_FILE")
     if not path or "r" not in _state:
         return
     with _stats_lock:  # handlers run in a thread pool
-        writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(_state["r"].kube.writes.items())}
+        kube = _state["r"].kube
+        writes = {f"{verb} {plural}": n for (verb, plural), n in sorted(kube.writes.items())}
+        reads = {f"{verb} {plural}": n for (verb, plural), n in sorted(kube.reads.items())}
         try:
             with open(path + ".tmp", "w") as f:
-                json.dump({"writes": writes}, f)
+                json.dump({"writes": writes, "reads": reads}, f)
             os.replace(path + ".tmp", path)
         except OSError as e:  # a report, never a reason to fail a handler
             log.warning("could not write %s: %s", path, e)
@@ -90,9 +126,10 @@ def _after_pass() -> None:
 
 def _reconcile(body):
     outcome = reconciler().reconcile(_plain(body))
+    meta = body["metadata"]
     if outcome.requeue_after is not None:
-        meta = body["metadata"]
         wakeups().schedule((meta["namespace"], meta["name"]), outcome.requeue_after)
+    drain_probes().follow(meta["namespace"], meta["name"], outcome.drain_probes)
     _after_pass()
     return outcome
 
@@ -106,14 +143,16 @@ def _plain(body) -> dict:
 @kopf.on.resume(L.GROUP, L.VERSION, L.PLURAL)
 @kopf.on.create(L.GROUP, L.VERSION, L.PLURAL)
 @kopf.on.update(L.GROUP, L.VERSION, L.PLURAL, field="spec")
-def on_change(body, **_):
+def on_change(body, **kw):
+    _attach(kw)
     _reconcile(body)
 
 
 @kopf.timer(L.GROUP, L.VERSION, L.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(body, **_):
+def resync(body, **kw):
     """A safety net for missed events: a full pass when none ran for FULL_RESYNC_SECONDS. Time-
     driven work (backoff deadlines, drains) runs at its planned time through `wakeups()`."""
+    _attach(kw)
     if body["metadata"].get("deletionTimestamp"):
         return
     if reconciler().seconds_since_pass(body["metadata"]["namespace"],
@@ -122,7 +161,8 @@ def resync(body, **_):
 
 
 @kopf.on.event("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_ENGINE})
-def on_pod(body, **_):
+def on_pod(body, **kw):
+    _attach(kw)
     owner = next((o for o in body["metadata"].get("ownerReferences") or [] if o.get("kind") == L.KIND), None)
     if owner:  # reconcile() reads the owner afresh; the uid guards against a same-name successor
         _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
@@ -130,9 +170,10 @@ def on_pod(body, **_):
 
 
 @kopf.on.event("", "v1", "pods", labels={L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_FRONTEND})
-def on_frontend_pod(body, type, **_):
+def on_frontend_pod(body, type, **kw):
     """A frontend got (or lost) readiness: the resource's Ready and Serving follow it. Frontend
     pods belong to a ReplicaSet; the engine label names their InferenceEngine."""
+    _attach(kw)
     labels = body["metadata"].get("labels") or {}
     if type in ("ADDED", "MODIFIED", "DELETED") and labels.get(L.LABEL_ENGINE):
         _reconcile({"metadata": {"namespace": body["metadata"]["namespace"],
@@ -140,7 +181,7 @@ def on_frontend_pod(body, type, **_):
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.PLURAL)
-async def on_delete(body, **_):
+async def on_delete(body, **kw):
     """Ordered stop of every group (rank 0 drains first); the finalizer goes when no pod is
     left, and the garbage collector removes the rest through owner references.
 
@@ -149,6 +190,7 @@ async def on_delete(body, **_):
     planned wake-ups) or its planned time came. So a delete ends with one handler run instead of
     a kopf retry, and a progress-annotation write, every second (found on a real cluster: a 14 s
     delete made 29 annotation patches)."""
+    _attach(kw)
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     loop = asyncio.get_running_loop()

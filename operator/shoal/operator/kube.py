@@ -1,6 +1,6 @@
 """One small REST client over the official kubernetes client: plain dicts in and out, and a
 count of every write by (verb, resource), so tests and the benchmark can see exactly what a
-reconcile pass wrote.
+reconcile pass wrote, and of every read (GET, LIST), so the benchmark can report API calls.
 
 Plain dicts keep the reconciler in the same shape as `render.py` (camelCase manifests), and one
 generic path builder covers core, apps, policy (v1 and v1beta1) and our own resource without
@@ -43,6 +43,7 @@ class Kube:
     def __init__(self, api_client: client.ApiClient | None = None):
         self.api = api_client or load_config()
         self.writes: Counter = Counter()  # (verb, plural) -> count
+        self.reads: Counter = Counter()  # ("get" | "list", plural) -> count
         self._lock = threading.Lock()
 
     def request(self, method: str, url: str, *, body=None, query: dict | None = None,
@@ -57,12 +58,13 @@ class Kube:
             raise ApiException(status=resp.status, reason=resp.reason, http_resp=resp)
         return json.loads(data) if data else None
 
-    def _count(self, verb: str, plural: str) -> None:
+    def _count(self, verb: str, plural: str, counter: Counter | None = None) -> None:
         with self._lock:
-            self.writes[(verb, plural)] += 1
+            (self.writes if counter is None else counter)[(verb, plural)] += 1
 
     # reads
     def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
+        self._count("get", plural, self.reads)
         try:
             return self.request("GET", path(api_version, plural, namespace, name))
         except ApiException as e:
@@ -71,6 +73,7 @@ class Kube:
             raise
 
     def list(self, api_version: str, plural: str, namespace: str | None, selector: str = "") -> list[dict]:
+        self._count("list", plural, self.reads)
         query = {"labelSelector": selector} if selector else {}
         return self.request("GET", path(api_version, plural, namespace), query=query)["items"]
 

@@ -1,5 +1,5 @@
 """What a pass observed and carries between its steps: pure helpers over pod dicts and the
-per-pass state. No API calls here."""
+per-pass planning state (the actions decided so far). No API calls here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from shoal.operator import labels as L
+from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
+from shoal.operator.phases import GroupStage
 from shoal.operator.spec import EngineSpec
 
 
@@ -36,17 +38,28 @@ def pod_ready(pod: dict) -> bool:
 
 @dataclass
 class PassState:
+    """One pass's planning state inside `plan()`: its inputs, and what it decided so far (the
+    actions in order, the earliest next look). Mutable on purpose, and never seen outside."""
+
     body: dict
     spec: EngineSpec
     now: dt.datetime
     rev: str
-    old_status: dict
     last_failure: dict | None
     restart_count: int
     deleting: bool = False
     serving: set = field(default_factory=set)  # groups in the discovery file as of now
     requeue_after: float | None = None
     created: dict = field(default_factory=dict)  # group -> rank -> pod created in this pass
+    actions: list[Action] = field(default_factory=list)
+    in_flight: dict = field(default_factory=dict)  # group -> rank 0's requests in flight (draining)
+    drain_probes: dict = field(default_factory=dict)  # group -> rank 0's /metrics URL to read
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.actions.append(EmitEvent(type_, reason, message))
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.5)
@@ -60,6 +73,11 @@ def owned_by(pod: dict, uid: str | None) -> bool:
 def revision_of(pods: dict[int, dict]) -> str | None:
     revs = {p["metadata"]["labels"].get(L.LABEL_REVISION) for p in pods.values()}
     return revs.pop() if len(revs) == 1 else (None if not revs else "mixed")
+
+
+def metrics_url(pod: dict) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{L.HTTP_PORT}/metrics" if ip else None
 
 
 def ranks_status(pods: dict[int, dict]) -> list[dict]:
@@ -139,3 +157,28 @@ def stalled(st: PassState, g: int, pods: dict[int, dict], startup_timeout: int) 
                            f"its group was created (limit {limit}s: engine.startupTimeoutSeconds "
                            f"+ {STALL_MARGIN_SECONDS}s); {why}",
                    time=iso(deadline))
+
+
+IMAGE_WAITS = ("ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff")
+
+
+def startup_stage(pods: dict[int, dict]) -> GroupStage:
+    """The earliest stage any rank of a group is in (a group is as far as its slowest rank)."""
+    stages = []
+    for p in pods.values():
+        status = p.get("status") or {}
+        scheduled = (p.get("spec") or {}).get("nodeName") or any(
+            c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or [])
+        waits = [(cs.get("state") or {}).get("waiting") for cs in status.get("containerStatuses") or []]
+        if not scheduled:
+            stages.append(GroupStage.SCHEDULING)
+        elif not status.get("containerStatuses") or any(w and w.get("reason") in IMAGE_WAITS for w in waits):
+            stages.append(GroupStage.PULLING_IMAGE)
+        elif any(waits):
+            stages.append(GroupStage.RESTARTING)
+        elif not pod_ready(p):
+            stages.append(GroupStage.LOADING)
+        else:
+            stages.append(GroupStage.READY)
+    order = list(GroupStage)
+    return min(stages, key=order.index, default=GroupStage.SCHEDULING)

@@ -40,5 +40,17 @@ class GroupPhase(_StrPhase):
     UPDATING = "Updating"  # stopping to be recreated at a new revision
 
 
+class GroupStage(_StrPhase):
+    """status.groups[].stage: where a Starting group is, read from its pods' status. The engine's
+    /health says only ok or not, so loading weights, sizing the KV cache and waiting for the
+    headless ranks are one stage, Loading."""
+
+    SCHEDULING = "Scheduling"  # a rank's pod is not bound to a node yet
+    PULLING_IMAGE = "PullingImage"  # a rank's container is not started: image pull, volumes
+    RESTARTING = "Restarting"  # a rank's container is waiting to start again (CrashLoopBackOff)
+    LOADING = "Loading"  # every container runs; rank 0's /health is not ok yet
+    READY = "Ready"  # every rank Ready
+
+
 # Groups in these phases are on their way somewhere: the Progressing condition lists them.
 MOVING = (GroupPhase.PENDING, GroupPhase.STARTING, GroupPhase.UPDATING, GroupPhase.DRAINING)

@@ -1,10 +1,13 @@
 """Summaries of observed state: conditions in the Kubernetes API conventions and the phase.
 
-Pure functions over the per-group state the reconciler computed.
+Pure functions over the per-group state a planned pass computed.
 """
 
 from __future__ import annotations
 
+from shoal.operator import labels as L
+from shoal.operator import render
+from shoal.operator.observed import no_empty_strings
 from shoal.operator.phases import MOVING, GroupPhase, Phase
 
 
@@ -97,3 +100,36 @@ def summarize(*, replicas: int, groups: list[dict], problems: list[str], deletin
     else:
         phase = Phase.PROGRESSING
     return phase, conds
+
+
+def engine_status(*, body: dict, plan, frontends_ready: int, frontends_desired: int, pods_left: int,
+                  previous: list[dict], now: str) -> dict:
+    """status of the InferenceEngine after a planned pass (`plan.Plan`), "" values dropped."""
+    meta = body["metadata"]
+    name, groups, replicas = meta["name"], list(plan.groups), plan.replicas
+    deleting = bool(meta.get("deletionTimestamp"))
+    phase, conditions = summarize(
+        replicas=replicas, groups=groups, problems=list(plan.problems), deleting=deleting,
+        last_failure=plan.last_failure, generation=meta.get("generation", 0), now=now,
+        previous=previous, frontends_ready=frontends_ready, frontends_desired=frontends_desired,
+        serving=list(plan.ready_groups), pods_left=pods_left)
+    # The `ready` column counts groups a client of the Service reaches: none while no frontend
+    # is Ready.
+    served = len(plan.ready_groups) if frontends_ready else 0
+    status = {
+        "observedGeneration": meta.get("generation", 0),
+        "phase": phase,
+        "replicas": sum(1 for g in groups if g["index"] < replicas),
+        "readyReplicas": len(plan.ready_groups),
+        "updatedReplicas": sum(1 for g in groups if g.get("revision") == plan.revision and g["index"] < replicas),
+        "ready": f"{served}/{replicas}",
+        "selector": render.selector_string(name),
+        "endpoint": L.endpoint_url(name, meta["namespace"]),
+        "restartCount": plan.restart_count,
+        "revision": plan.revision,
+        "conditions": conditions,
+        "groups": groups,
+    }
+    if plan.last_failure:
+        status["lastFailure"] = plan.last_failure
+    return no_empty_strings(status)

@@ -1,0 +1,112 @@
+"""Carries out a plan's actions against the API server, in order. The only module that writes
+children: creates are idempotent (deterministic names, 409 is success), deletes carry a uid
+precondition, and a singleton whose rendered hash did not change is not written (a short-lived
+cache of hashes spares a GET per singleton on a quiet pass)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from shoal.operator import events, render
+from shoal.operator import labels as L
+from shoal.operator.actions import (
+    Action,
+    ApplyChildren,
+    CreatePods,
+    DeletePod,
+    EmitEvent,
+    WriteDiscovery,
+)
+from shoal.operator.kube import PLURALS, Kube
+from shoal.operator.observed import ref
+
+log = logging.getLogger("shoal.operator.apply")
+
+SINGLETON_CACHE_SECONDS = 60.0
+# A pass reading pods from the index may not see its own delete of a moment ago yet (the watch
+# event is on its way): the same delete is not sent again within this time.
+RECENT_DELETE_SECONDS = 10.0
+
+
+class Applier:
+    """Holds the API client, the PDB API version found by discovery and the singleton hashes."""
+
+    def __init__(self, kube: Kube, *, pdb_api_version: str | None | bool = True):
+        self.kube = kube
+        self._pdb = pdb_api_version
+        self._applied: dict[tuple, tuple[str, float]] = {}
+        self._deleted: dict[tuple, float] = {}
+
+    def pdb_api_version(self) -> str | None:
+        """policy/v1 where served (1.21+), else policy/v1beta1 (1.20), else no PDB."""
+        if self._pdb is True:
+            for gv in ("policy/v1", "policy/v1beta1"):
+                if "poddisruptionbudgets" in self.kube.resources(gv):
+                    self._pdb = gv
+                    break
+            else:
+                self._pdb = None
+        return self._pdb or None
+
+    def apply(self, body: dict, actions: tuple[Action, ...]) -> None:
+        for action in actions:
+            self.one(body, action)
+
+    def one(self, body: dict, action: Action) -> None:
+        if isinstance(action, ApplyChildren):
+            self._children(body, action.serving)
+        elif isinstance(action, WriteDiscovery):
+            self._object(body, render.discovery_configmap(body, list(action.groups)))
+        elif isinstance(action, CreatePods):
+            for pod in render.group_pods(body, action.group):
+                if int(pod["metadata"]["labels"][L.LABEL_RANK]) in action.ranks:
+                    self.kube.create(pod)
+            log.info("%s group %d: created ranks %s at revision %s", ref(body), action.group,
+                     ",".join(map(str, action.ranks)), render.engine_revision(render.spec_of(body)))
+        elif isinstance(action, DeletePod):
+            self._delete(body, action)
+        elif isinstance(action, EmitEvent):
+            events.emit(self.kube, body, action.type, action.reason, action.message)
+        else:  # pragma: no cover - a new action type without its writer
+            raise TypeError(f"no writer for {action!r}")
+
+    def _delete(self, body: dict, action: DeletePod) -> None:
+        now, key = time.monotonic(), (action.uid or action.pod, action.grace)
+        if now - self._deleted.get(key, float("-inf")) < RECENT_DELETE_SECONDS:
+            return
+        self.kube.delete("v1", "pods", body["metadata"]["namespace"], action.pod,
+                         grace_seconds=action.grace, uid=action.uid)
+        self._deleted = {k: t for k, t in self._deleted.items() if now - t < RECENT_DELETE_SECONDS}
+        self._deleted[key] = now
+
+    def _children(self, body: dict, serving: tuple[int, ...]) -> None:
+        """In dependency order: what the frontend pods mount and read (ServiceAccount, Role,
+        the discovery ConfigMap) exists before the Deployment that creates them."""
+        objs = [render.frontend_service_account(body), render.frontend_role(body),
+                render.frontend_role_binding(body), render.discovery_configmap(body, list(serving)),
+                render.ranks_service(body), render.frontend_deployment(body),
+                render.frontend_service(body)]
+        pdb = self.pdb_api_version()
+        if pdb:
+            objs.append(render.pod_disruption_budget(body, pdb))
+        for obj in objs:
+            self._object(body, obj)
+
+    def _object(self, body: dict, obj: dict) -> None:
+        """Create when absent; merge-patch when the rendered hash changed; else write nothing."""
+        meta = obj["metadata"]
+        want = meta["annotations"][L.ANNOTATION_SPEC_HASH]
+        key = (obj["kind"], meta["namespace"], meta["name"], body["metadata"]["uid"])
+        cached = self._applied.get(key)
+        if cached and cached[0] == want and time.monotonic() - cached[1] < SINGLETON_CACHE_SECONDS:
+            return
+        plural = PLURALS[obj["kind"]]
+        have = self.kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
+        if have is None:
+            self.kube.create(obj)
+        elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
+            patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
+            patch.update({k: v for k, v in obj.items() if k in ("spec", "data", "rules", "subjects")})
+            self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
+        self._applied[key] = (want, time.monotonic())

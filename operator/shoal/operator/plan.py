@@ -1,0 +1,288 @@
+"""The decisions of one reconcile pass, as a pure function:
+
+    plan(spec, observed, memory, now) -> Plan(actions, requeue_after, groups, ...)
+
+No API call, no clock read, no kopf: what the pass saw and remembers goes in, the writes it
+wants (`actions.py`, in order) and the time of its next look come out, so every decision is
+table-tested (tests/operator/test_op_plan.py) and `reconcile.py` only observes, applies and
+reports. The steps, LWS style:
+1. validate the spec (problems -> nothing created; deaths are still recorded);
+2. the singletons (ApplyChildren);
+3. per group: detect a death (record it, Event, tear the group down, back off or give up),
+   finish a stop in progress (rank 0 first), recreate after backoff, create missing groups,
+   track readiness;
+4. start at most one rolling update;
+5. the discovery file lists the ready groups.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shoal.operator import labels as L
+from shoal.operator import render
+from shoal.operator.actions import Action, ApplyChildren, CreatePods, WriteDiscovery
+from shoal.operator.backoff import restart_delay, restarts_exhausted
+from shoal.operator.events import NORMAL, WARNING
+from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
+from shoal.operator.observed import (
+    PassState,
+    iso,
+    iso_not_before,
+    parse_time,
+    pod_ready,
+    ranks_status,
+    revision_of,
+    stalled,
+    startup_stage,
+    vanished,
+    waiting_reason,
+)
+from shoal.operator.phases import GroupPhase, GroupStage
+from shoal.operator.shutdown import stop, teardown_dead
+from shoal.operator.spec import EngineSpec
+from shoal.operator.validation import spec_problems
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What this pass read: the resource (its metadata names every child), its engine pods by
+    group and rank, and the last in-flight count of each draining rank 0 (drain_probe.py)."""
+
+    body: dict
+    pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
+    in_flight: Mapping[int, int] = field(default_factory=dict)  # draining group -> rank 0's requests
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.body["metadata"].get("deletionTimestamp"))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What earlier passes left in status: per group its restarts, backoff deadline, the death
+    already handled; the last failure and the restart total. A restarted operator reads the same."""
+
+    groups: Mapping[int, dict] = field(default_factory=dict)
+    last_failure: dict | None = None
+    restart_count: int = 0
+
+    @classmethod
+    def of(cls, status: dict) -> Memory:
+        return cls(groups={int(g["index"]): dict(g) for g in status.get("groups") or []},
+                   last_failure=status.get("lastFailure"), restart_count=int(status.get("restartCount", 0)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    requeue_after: float | None  # seconds until the next pass this one needs; None: none planned
+    groups: tuple[dict, ...]  # status.groups as they are after the actions
+    ready_groups: tuple[int, ...]  # desired groups that are Ready (the discovery list)
+    problems: tuple[str, ...]  # spec problems (SpecValid=False)
+    replicas: int  # desired groups (0 while deleting)
+    revision: str
+    last_failure: dict | None
+    restart_count: int
+    drain_probes: Mapping[int, str] = field(default_factory=dict)  # draining group -> rank 0's /metrics
+
+
+def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime) -> Plan:
+    body, deleting = observed.body, observed.deleting
+    problems = spec_problems(body["metadata"]["name"], spec.raw)
+    replicas = 0 if deleting else spec.replicas
+    st = PassState(body=body, spec=spec, now=now, rev=render.engine_revision(spec.raw),
+                   last_failure=memory.last_failure, restart_count=memory.restart_count,
+                   deleting=deleting, in_flight=dict(observed.in_flight),
+                   serving={g for g, m in memory.groups.items() if m.get("phase") == GroupPhase.READY and g < replicas})
+    by_group = {g: dict(p) for g, p in observed.pods.items() if p}
+    if not problems and not deleting:
+        st.act(ApplyChildren(tuple(sorted(st.serving))))
+
+    # A stopped group whose rank 0 drained and is gone has no pods left but still gets its
+    # pass: that is when its drain is reported finished (single-rank groups; found on a
+    # real cluster, where DrainFinished never came).
+    draining = {i for i, m in memory.groups.items() if m.get("drainStartTime")}
+    groups: list[dict] = []
+    for g in sorted(set(by_group) | draining | set(range(replicas if not problems else 0))):
+        mem = memory.groups.get(g, {"index": g, "restarts": 0})
+        gpods = by_group.get(g, {})
+        if problems and g not in by_group:
+            continue
+        if problems:  # invalid spec: keep what runs, create nothing, still watch for deaths
+            new = _watch_only(st, g, mem, gpods)
+        elif g >= replicas:
+            new = stop(st, g, mem, gpods, "delete" if deleting else "scale-down")
+        else:
+            new = _group(st, g, mem, gpods)
+        if new is not None:
+            if new.get("phase") not in (GroupPhase.STARTING, GroupPhase.READY):
+                new.pop("stage", None)
+            seen = {**gpods, **st.created.get(g, {})}
+            new["ranks"] = ranks_status(seen if new.get("phase") != GroupPhase.BACKING_OFF else {})
+            groups.append(new)
+
+    if not problems and not deleting:
+        _roll_one(st, groups, by_group)
+    ready = tuple(g["index"] for g in groups if g["phase"] == GroupPhase.READY and g["index"] < replicas)
+    if not problems and not deleting:
+        st.act(WriteDiscovery(ready))
+    return Plan(actions=tuple(st.actions), requeue_after=st.requeue_after, groups=tuple(groups),
+                ready_groups=ready, problems=tuple(problems), replicas=replicas, revision=st.rev,
+                last_failure=st.last_failure, restart_count=st.restart_count, drain_probes=dict(st.drain_probes))
+
+
+def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+    """One desired group's next state."""
+    nodes = st.spec.nodes_per_group
+    mem = {**mem, "index": g}
+    mem.setdefault("restarts", 0)
+    quiet = not any(is_stopping(p) for p in pods.values())
+
+    death = root_cause(list(pods.values()))
+    if death is None and pods and quiet and mem.get("phase") == GroupPhase.READY and len(pods) < nodes:
+        death = vanished(st, g, mem, pods, nodes)
+    if death is None and pods and quiet and mem.get("phase") == GroupPhase.STARTING and not all(
+            pod_ready(p) for p in pods.values()):
+        death = stalled(st, g, pods, st.spec.startup_timeout_seconds)
+    if death and death.key != mem.get("failureKey"):
+        return _on_death(st, g, mem, pods, death)
+
+    phase = mem.get("phase")
+    if phase == GroupPhase.FAILED:
+        if revision_of(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
+            # The spec changed since the permanent failure: try again from scratch, once the
+            # old pods are gone (the BackingOff step below, due at once).
+            teardown_dead(st, pods)
+            mem.update(phase=GroupPhase.BACKING_OFF, restarts=0, nextRestartTime=iso(st.now),
+                       message="spec changed; recreating")
+            if not pods:
+                return _create(st, g, mem)
+        return mem
+    if phase == GroupPhase.BACKING_OFF:
+        due = parse_time(mem.get("nextRestartTime"))
+        if due and st.now < due:
+            st.requeue((due - st.now).total_seconds())
+        if pods:  # the old ranks are still stopping: no replacement starts beside them
+            teardown_dead(st, pods)
+            if not due or st.now >= due:  # say why a due restart waits (once: no clock in it)
+                mem["message"] = (f"restart {mem['restarts']} due; waiting for the old pods to stop: "
+                                  + ", ".join(p["metadata"]["name"] for _, p in sorted(pods.items())))
+            return mem
+        if due and st.now < due:
+            return mem
+        st.event(NORMAL, "GroupRestarted", f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
+        mem.pop("nextRestartTime", None)
+        return _create(st, g, mem)
+    if phase in (GroupPhase.UPDATING, GroupPhase.DRAINING) or not quiet:
+        if pods:
+            return stop(st, g, mem, pods, mem.get("stopReason") or "update")
+        mem.pop("stopReason", None)
+        return _create(st, g, mem)
+    if len(pods) < nodes:  # none, or a create that did not finish: complete the group
+        return _create(st, g, mem, existing=pods)
+    return _track(st, g, mem, pods)
+
+
+def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+    """A complete, live group: Ready, or Starting with what each rank waits for."""
+    nodes = st.spec.nodes_per_group
+    mem["revision"] = revision_of(pods) or st.rev
+    if all(pod_ready(p) for p in pods.values()):
+        if mem.get("phase") != GroupPhase.READY:
+            mem["readySince"] = iso(st.now)
+        mem.update(phase=GroupPhase.READY, stage=GroupStage.READY, message=f"all {nodes} ranks ready")
+        since = parse_time(mem.get("readySince"))
+        if mem.get("restarts") and since and (st.now - since).total_seconds() >= st.spec.restart.reset_after_seconds:
+            mem["restarts"] = 0
+        return mem
+    ready = sum(pod_ready(p) for p in pods.values())
+    waiting = [f"rank {r}: {w}" for r, p in sorted(pods.items()) if (w := waiting_reason(p))]
+    message = f"{ready}/{nodes} ranks ready" + (f"; {'; '.join(waiting)}" if waiting else "")
+    if waiting and message != mem.get("message"):  # Pending reasons, once per change
+        st.event(WARNING, "RankWaiting", f"group {g}: {'; '.join(waiting)}")
+    mem.update(phase=GroupPhase.STARTING, stage=startup_stage(pods), message=message)
+    mem.pop("readySince", None)
+    return mem
+
+
+def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
+    rp = st.spec.restart
+    st.last_failure = death.to_status()
+    mem["failureKey"] = death.key
+    mem.pop("readySince", None)
+    st.event(WARNING, "EngineDied",
+             f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
+             f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}")
+    restarts = int(mem.get("restarts", 0))
+    if death.permanent or rp.never or restarts_exhausted(restarts, rp.max_restarts):
+        why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
+               else "restartPolicy.policy is Never" if rp.never
+               else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
+        mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.rev,
+                   message=f"rank {death.rank} {death.cause}: not restarting: {why}")
+        st.event(WARNING, "RestartSkipped", f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
+        # Keep the failed pod for its logs; stop the ranks that are still running.
+        teardown_dead(st, {r: p for r, p in pods.items() if failure_of(p) is None})
+        return mem
+    restarts += 1
+    delay = restart_delay(restarts, rp.backoff_base_seconds, rp.backoff_max_seconds)
+    st.restart_count += 1
+    mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts,
+               nextRestartTime=iso_not_before(st.now + dt.timedelta(seconds=delay)),
+               message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
+    st.event(NORMAL, "GroupRestarting", f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
+    # A tensor-parallel group with a dead rank cannot continue: all ranks go at once.
+    teardown_dead(st, pods)
+    st.requeue(delay)
+    return mem
+
+
+def _watch_only(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
+    """The spec became invalid: what runs keeps running and nothing is created or restarted,
+    but a death is still recorded and reported (lastFailure, EngineDied)."""
+    mem = {**mem, "index": g}
+    death = root_cause(list(pods.values()))
+    if death and death.key != mem.get("failureKey"):
+        st.last_failure = death.to_status()
+        mem["failureKey"] = death.key
+        st.event(WARNING, "EngineDied",
+                 f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
+                 f"{death.exit_code}): {death.message}; not restarting while the spec is invalid")
+        mem.update(phase=GroupPhase.FAILED,
+                   message=f"rank {death.rank} {death.cause}: not restarting while the spec is invalid")
+    mem.setdefault("phase", GroupPhase.PENDING)
+    return mem
+
+
+def _create(st: PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
+    existing = existing or {}
+    missing = {int(p["metadata"]["labels"][L.LABEL_RANK]): p for p in render.group_pods(st.body, g)}
+    missing = {r: p for r, p in missing.items() if r not in existing}
+    st.act(CreatePods(g, tuple(sorted(missing))))
+    st.created.setdefault(g, {}).update(missing)
+    mem.update(phase=GroupPhase.STARTING, stage=GroupStage.SCHEDULING, revision=st.rev,
+               message=f"0/{st.spec.nodes_per_group} ranks ready")
+    for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
+        mem.pop(k, None)
+    return mem
+
+
+def _roll_one(st: PassState, groups: list[dict], by_group: dict[int, dict[int, dict]]) -> None:
+    """Rolling update: at most one group stops for an update at a time, and only when every
+    group already at the new revision is ready. Groups that are not serving go first; then
+    ready ones, lowest index first."""
+    if any(g["phase"] == GroupPhase.UPDATING for g in groups):
+        return
+    if any(g.get("revision") == st.rev and g["phase"] == GroupPhase.STARTING for g in groups):
+        return
+    for g in sorted(groups, key=lambda g: (g["phase"] == GroupPhase.READY, g["index"])):
+        pods = by_group.get(g["index"], {})
+        if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.rev:
+            st.event(NORMAL, "GroupUpdating",
+                     f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
+            g.update(stop(st, g["index"], g, pods, "update"))
+            g["ranks"] = ranks_status(pods)
+            return
