@@ -115,23 +115,21 @@ def test_a_slow_grammar_compile_does_not_stall_other_requests(llm):
             "plain", [5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), 0.0))
         produced: dict[str, list[int]] = {"slow": [], "plain": []}
         finished = set()
-        for _ in range(50):
-            for o in core.step().outputs:
-                produced[o.request_id] += o.new_token_ids
-                if o.finish_reason is not None:
-                    finished.add(o.request_id)
-            if "plain" in finished:
-                break
+
+        def step_until(rid: str, steps: int) -> None:
+            for _ in range(steps):
+                for o in core.step().outputs:
+                    produced[o.request_id] += o.new_token_ids
+                    if o.finish_reason is not None:
+                        finished.add(o.request_id)
+                if rid in finished:
+                    return
+
+        step_until("plain", 50)
         assert "plain" in finished and len(produced["plain"]) == 8
         assert produced["slow"] == [] and core.scheduler.requests["slow"].grammar is not None
         release.set()
-        for _ in range(200):
-            for o in core.step().outputs:
-                produced[o.request_id] += o.new_token_ids
-                if o.finish_reason is not None:
-                    finished.add(o.request_id)
-            if "slow" in finished:
-                break
+        step_until("slow", 200)
         assert re.fullmatch("[xyz]{4}", llm.tokenizer.decode(produced["slow"]))
     finally:
         release.set()

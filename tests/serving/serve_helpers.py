@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -128,3 +130,14 @@ class ServeProcess(ServerProcess):
         except subprocess.TimeoutExpired:
             raise AssertionError(f"shoal serve did not exit in {timeout} s:\n"
                                  f"{self.log()[-3000:]}") from None
+
+
+@contextmanager
+def healthy_server(model: str, tmp_path_factory, *flags: str,
+                   api_key: str | None = None) -> Iterator[ServeProcess]:
+    """A module's `shoal serve` with these flags, healthy, stopped on exit (module fixtures)."""
+    s = ServeProcess(model, tmp_path_factory.mktemp("serve"), *flags, api_key=api_key)
+    try:
+        yield s.wait_healthy()
+    finally:
+        s.stop()

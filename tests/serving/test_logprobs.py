@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import API_KEY, MODEL_NAME, ServeProcess
+from serve_helpers import API_KEY, MODEL_NAME, healthy_server
 
 TOL = 1e-3
 PROMPT = "def parse(text):\n    return"
@@ -17,12 +17,10 @@ PROMPT = "def parse(text):\n    return"
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     # float32 for a 1e-3 comparison; a 16-token budget chunks every prompt's prefill.
-    s = ServeProcess(tiny_model, tmp_path_factory.mktemp("serve"), "--dtype", "float32",
-                     "--max-num-batched-tokens", "16", "--max-logprobs", "5", api_key=API_KEY)
-    try:
-        yield s.wait_healthy()
-    finally:
-        s.stop()
+    with healthy_server(tiny_model, tmp_path_factory, "--dtype", "float32",
+                        "--max-num-batched-tokens", "16", "--max-logprobs", "5",
+                        api_key=API_KEY) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

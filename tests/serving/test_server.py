@@ -15,7 +15,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from serve_helpers import API_KEY, MODEL_NAME, ServeProcess, wait_for
+from serve_helpers import API_KEY, MODEL_NAME, healthy_server, wait_for
 
 IGNORE_EOS = {"ignore_eos": True}
 PROMPTS = ["def main(", "import os\nimport sys\n", "class Parser:\n    def"]
@@ -23,11 +23,8 @@ PROMPTS = ["def main(", "import os\nimport sys\n", "class Parser:\n    def"]
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    s = ServeProcess(tiny_model, tmp_path_factory.mktemp("serve"), api_key=API_KEY)
-    try:
-        yield s.wait_healthy()
-    finally:
-        s.stop()
+    with healthy_server(tiny_model, tmp_path_factory, api_key=API_KEY) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import re
 import jsonschema
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, ServeProcess
+from serve_helpers import MODEL_NAME, healthy_server
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest
 from shoal.engine.entrypoints.tool_calls import ToolSettings, plan_tools
 from shoal.engine.entrypoints.tool_parsers import ToolCallStream, parse_hermes, scan_required
@@ -31,12 +31,9 @@ SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    s = ServeProcess(tiny_model, tmp_path_factory.mktemp("serve"), "--enable-auto-tool-choice",
-                     "--tool-call-parser", "hermes")
-    try:
-        yield s.wait_healthy()
-    finally:
-        s.stop()
+    with healthy_server(tiny_model, tmp_path_factory, "--enable-auto-tool-choice",
+                        "--tool-call-parser", "hermes") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
