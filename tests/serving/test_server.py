@@ -191,26 +191,32 @@ def test_slow_consumer_gets_every_token_exactly_once(server, client):
 
 
 def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
-    aborted_before = server.metric("vllm:request_success_total", 'finished_reason="abort"')
+    """Several times over: a relay between app and server once hid the disconnect from the
+    response in one try of three to fifteen, and the request then generated to its end."""
     body = {"model": MODEL_NAME, "prompt": "while True:" * 40, "max_tokens": 1500,
             "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
-                      headers=server.headers, timeout=60) as r:
-        lines = r.iter_lines()  # (breaking out of iter_lines would close the connection early)
-        next(line for line in lines if line.startswith("data: "))
-        wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") > 0, 30,
-                 "the running request to hold KV blocks",
+    for attempt in range(10):
+        aborted_before = server.metric("vllm:request_success_total", 'finished_reason="abort"')
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                          headers=server.headers, timeout=60) as r:
+            lines = r.iter_lines()  # (breaking out of iter_lines would close the connection early)
+            next(line for line in lines if line.startswith("data: "))
+            wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") > 0, 30,
+                     "the running request to hold KV blocks",
+                     detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
+                                     if m.startswith(("vllm:num_req", "vllm:kv"))])
+        # The response is closed: the server must abort the request and the engine free its blocks
+        # (well before the 1500 tokens would have ended it: about 14 s here).
+        wait_for(lambda: server.metric("vllm:request_success_total", 'finished_reason="abort"')
+                 > aborted_before, 5, f"the frontend to abort the request (attempt {attempt})",
                  detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
-                                 if m.startswith(("vllm:num_req", "vllm:kv"))])
-    # The response is closed: the server must abort the request and the engine free its blocks.
-    wait_for(lambda: server.metric("vllm:request_success_total", 'finished_reason="abort"')
-             > aborted_before, 30, "the frontend to abort the request")
-    wait_for(lambda: server.metric("vllm:num_requests_running") == 0
-             and server.metric("vllm:kv_cache_usage_perc") == 0, 30,
-             "the engine to free the request's KV blocks",
-             detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
-                             if m.startswith(("vllm:num_req", "vllm:kv", "vllm:request_succ"))])
-    assert "aborted (client gone)" in server.log()
+                                 if m.startswith("vllm:request_success_total")])
+        wait_for(lambda: server.metric("vllm:num_requests_running") == 0
+                 and server.metric("vllm:kv_cache_usage_perc") == 0, 30,
+                 "the engine to free the request's KV blocks",
+                 detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
+                                 if m.startswith(("vllm:num_req", "vllm:kv", "vllm:request_succ"))])
+    assert server.log().count("aborted (client gone)") >= 10
 
 
 # ----- bad input: the right 4xx, a message that says what to fix, nothing else lost ----------

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP app (FastAPI) on top of one AsyncLLM: error handlers, the API key,
-and the endpoint groups (one module each: serving_completions, serving_chat, serving_admin).
+"""The OpenAI-compatible HTTP app (FastAPI) on top of one AsyncLLM: error handlers, the API key
+(api_key.py) and the endpoint groups (one module each: serving_completions, serving_chat, serving_admin).
 
 Responses and SSE chunks follow OpenAI's (and vLLM's) shapes. Every error is OpenAI's error JSON
 (http_errors.py). A stream that already sent 200 ends with an error event and `data: [DONE]`.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from shoal.engine import __version__
+from shoal.engine.entrypoints.api_key import ApiKeyAuth
 from shoal.engine.entrypoints.http_errors import (
     add_error_schema,
     error_response,
@@ -47,15 +48,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     async def _on_request_error(request: Request, exc: Exception):
         return exception_response(exc)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
-            header = request.headers.get("authorization", "")
-            if header != f"Bearer {api_key}":
-                return error_response(
-                    401, "invalid or missing API key: send 'Authorization: Bearer <key>' with "
-                         "the key given to --api-key", "AuthenticationError")
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(ApiKeyAuth, api_key=api_key)
 
     serving = Serving(llm, served_model_names)
     for router in (completions_router(serving), chat_router(serving, tool_settings),
