@@ -113,11 +113,14 @@ def test_kill_9_of_a_local_worker_fails_every_stream_naming_the_rank(group, tiny
 
 
 def test_a_worker_that_raises_fails_every_stream_with_its_own_message(group, tiny_model):
-    env = {"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_WORKER_FAULT": "1:40:injected rank fault",
+    # Late enough that all the streams are in flight first (a stream that arrived after the
+    # fault would get a plain 503, not an in-band error): 40 steps once fell short under load.
+    env = {"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_WORKER_FAULT": "1:400:injected rank fault",
            "SHOAL_DEAD_LINGER_S": "3"}
     server = group(tiny_model, *F32, "--tensor-parallel-size", "2", env=env).wait_healthy()
     tree = process_tree(server)
     streams = Streams(server, NUM_STREAMS)
+    streams.wait_started()
     streams.join()
     for message in streams.errors():
         assert "injected rank fault" in message and "Worker_rank1" in message
