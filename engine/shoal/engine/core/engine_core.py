@@ -45,7 +45,6 @@ class EngineCore:
             executor_class = default_executor_class(config)
         self.config = config
         # When each request not yet scheduled arrived here (monotonic): its queue time.
-        self._queued_at: dict[str, float] = {}
         self.model_executor = executor_class(config)
         self.num_blocks = self.model_executor.determine_num_kv_blocks()
         self.block_size = config.block_size
@@ -114,14 +113,13 @@ class EngineCore:
             except ValueError as exc:
                 raise ValueError(f"request {request.request_id}: invalid structured output "
                                  f"({params.structured_outputs.kind}): {exc}") from None
-        self.scheduler.add_request(Request.from_engine_core_request(request, max_tokens))
-        self._queued_at[request.request_id] = time.monotonic()
+        req = Request.from_engine_core_request(request, max_tokens)
+        req.queued_at = time.monotonic()
+        self.scheduler.add_request(req)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort now (call from the thread that steps). Idempotent."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for rid in request_ids:
-            self._queued_at.pop(rid, None)
 
     def enqueue_aborts(self, request_ids: list[str]) -> None:
         """Thread-safe: aborts applied by the next step, right after its forward pass."""
@@ -163,12 +161,15 @@ class EngineCore:
 
     def _first_scheduled(self, scheduler_output) -> list[tuple[str, float]] | None:
         """[request id, seconds queued] for requests scheduled for the first time (a request
-        preempted and rescheduled is not new: its entry is gone)."""
+        preempted and rescheduled is not new: its queued_at is spent)."""
         if not scheduler_output.new_requests:
             return None
-        now, queued = time.monotonic(), self._queued_at
-        waited = [(nr.req_id, now - queued.pop(nr.req_id)) for nr in scheduler_output.new_requests
-                  if nr.req_id in queued]
+        now, waited = time.monotonic(), []
+        for nr in scheduler_output.new_requests:
+            req = self.scheduler.requests.get(nr.req_id)
+            if req is not None and req.queued_at is not None:
+                waited.append((nr.req_id, now - req.queued_at))
+                req.queued_at = None
         return waited or None
 
     def step(self) -> wire.EngineCoreOutputs:

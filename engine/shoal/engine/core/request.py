@@ -66,6 +66,9 @@ class Request:
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
         # structured output: the StructuredOutputManager's GrammarState; None = unconstrained
         self.grammar = None
+        # When it entered the engine's queue (monotonic); None once first scheduled. Kept here, not
+        # in a dict beside the scheduler, so a request that ends unscheduled leaves nothing behind.
+        self.queued_at: float | None = None
 
     @classmethod
     def from_engine_core_request(cls, req: wire.EngineCoreRequest, max_tokens: int) -> Request:
