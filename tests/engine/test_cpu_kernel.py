@@ -45,7 +45,8 @@ def reference(q, k_cache, v_cache, table, ctx, scale, window=None, softcap=None,
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4)])
+# Up to 64 query heads the kernel walks every KV head of a block together; 72 takes its per-head path.
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4), (72, 8)])
 def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, num_heads,
                                                            num_kv_heads):
     gen = torch.Generator().manual_seed(0)
@@ -68,19 +69,22 @@ def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, n
 @pytest.mark.parametrize("window, softcap, with_sinks", [
     (20, None, False), (16, None, False), (1, None, False), (None, 1.5, False),
     (None, None, True), (20, 1.5, True)])
-def test_kernel_implements_windows_softcap_and_sinks(kernel, window, softcap, with_sinks):
+@pytest.mark.parametrize("num_kv_heads, group", [(2, 2), (8, 9)])  # both of the kernel's paths
+def test_kernel_implements_windows_softcap_and_sinks(kernel, window, softcap, with_sinks,
+                                                     num_kv_heads, group):
     """Sliding windows (across, at and inside block edges, and a window of one), Gemma-2's
     soft-capping and gpt-oss's sinks, each equal to transformers' eager semantics; every case
     also differs from plain attention, so a kernel that ignored the argument would fail."""
     gen = torch.Generator().manual_seed(3)
     num_blocks, bs, d = 128, 16, 64
-    k_cache = torch.randn(num_blocks, bs, 2, d, generator=gen)
-    v_cache = torch.randn(num_blocks, bs, 2, d, generator=gen)
+    k_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen)
+    v_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen)
     ctx = torch.tensor([1, 15, 16, 17, 33, 100, 160])
     table = torch.randperm(num_blocks - 1, generator=gen)[: len(ctx) * 10].add(1)
     table = table.reshape(len(ctx), 10).contiguous()
-    q = 2 * torch.randn(len(ctx), 4, d, generator=gen)  # scores of a few units: the cap bites
-    sinks = torch.randn(4, generator=gen) + 1.0 if with_sinks else None
+    num_heads = num_kv_heads * group
+    q = 2 * torch.randn(len(ctx), num_heads, d, generator=gen)  # scores of a few units: the cap bites
+    sinks = torch.randn(num_heads, generator=gen) + 1.0 if with_sinks else None
     scale = d ** -0.5
     out = kernel(q, k_cache, v_cache, table, ctx, scale, window, softcap, sinks)
     ref = reference(q, k_cache, v_cache, table, ctx, scale, window, softcap, sinks)

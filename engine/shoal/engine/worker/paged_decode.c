@@ -38,6 +38,16 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+
+// Eight floats as one value (GCC/Clang vector extension: one AVX register where the CPU has AVX,
+// split by the compiler elsewhere); the blockwise path uses it when D is a multiple of 8.
+typedef float v8f __attribute__((vector_size(32)));
+static inline v8f ld8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline float hsum8(v8f v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
 // exp for x <= 0 (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp), written
 // without calls or branches so the compiler vectorises the loops that use it; libm's expf stays
 // scalar and cost most of a block.
@@ -73,11 +83,133 @@ static inline void load_rows(const void *cache, int is_bf16, int64_t base, int64
     }
 }
 
+
+// ----- the main path: every KV head of a block at once -----------------------------------------
+// A block's K (and V) rows of all KV heads lie contiguously ([BS, Hkv, D]): walking them in that
+// order streams each block once, where a head at a time strides through it Hkv times. The next
+// block is prefetched while this one is computed: blocks lie anywhere in the cache, so the
+// hardware prefetcher cannot guess them, and a call mostly waits on memory. Measured in the
+// engine (tiny model, 200 rows, two threads, 2026-11-30, alternating runs): 15.5-18.1 ms of
+// kernel per step against 22.8-23.6 ms for the head-at-a-time walk, which stays for more than
+// MAXH query heads.
+#define MAXH 64  // query heads this path handles; more take the per-head path below
+
+static void prefetch_block(const void *kc, const void *vc, int64_t block, int64_t bytes) {
+    const char *k = (const char *)kc + block * bytes, *v = (const char *)vc + block * bytes;
+    for (int64_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch(k + b);
+        __builtin_prefetch(v + b);
+    }
+}
+
+static const float *row_f32(const void *cache, int is_bf16, int64_t off, int64_t D, float *buf) {
+    if (!is_bf16) return (const float *)cache + off;
+    const uint16_t *p = (const uint16_t *)cache + off;
+    for (int64_t d = 0; d < D; d++) buf[d] = bf16_to_f32(p[d]);
+    return buf;
+}
+
+static void decode_blockwise(const void *q, const void *kc, const void *vc, const int64_t *table,
+                             const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv,
+                             int64_t D, int64_t BS, int64_t W, int64_t window, float scale,
+                             float softcap, const float *sinks, int is_bf16) {
+    int64_t G = Hq / Hkv, block_bytes = BS * Hkv * D * (is_bf16 ? 2 : 4);
+    int vec = D % 8 == 0;
+    static __thread float qf[MAXH][MAXD], acc[MAXH][MAXD];
+    float m[MAXH], l[MAXH], s[MAXH][MAXBS], buf[MAXD];
+    for (int64_t r = 0; r < R; r++) {
+        int64_t n = ctx[r];
+        int64_t first = window > 0 && n > window ? n - window : 0;  // first key the row sees
+        for (int64_t hq = 0; hq < Hq; hq++) {
+            int64_t qoff = (r * Hq + hq) * D;
+            for (int64_t d = 0; d < D; d++) {
+                qf[hq][d] = (is_bf16 ? bf16_to_f32(((const uint16_t *)q)[qoff + d])
+                                     : ((const float *)q)[qoff + d]) * scale;
+                acc[hq][d] = 0.f;
+            }
+            m[hq] = -3.0e38f; l[hq] = 0.f;  // finite: no inf arithmetic anywhere
+        }
+        for (int64_t j = first / BS; j * BS < n; j++) {
+            int64_t lo = j * BS > first ? j * BS : first;
+            int64_t hi = (j + 1) * BS < n ? (j + 1) * BS : n, cnt = hi - lo;
+            int64_t base = (table[r * W + j] * BS + (lo - j * BS)) * Hkv * D;
+            if (hi < n) prefetch_block(kc, vc, table[r * W + j + 1], block_bytes);
+            else if (r + 1 < R) {  // the next row's first block
+                int64_t n1 = ctx[r + 1], f1 = window > 0 && n1 > window ? n1 - window : 0;
+                prefetch_block(kc, vc, table[(r + 1) * W + f1 / BS], block_bytes);
+            }
+            for (int64_t t = 0; t < cnt; t++)
+                for (int64_t h = 0; h < Hkv; h++) {
+                    const float *k = row_f32(kc, is_bf16, base + (t * Hkv + h) * D, D, buf);
+                    for (int64_t g = 0; g < G; g++) {
+                        const float *qq = qf[h * G + g];
+                        float x = 0.f;
+                        if (vec) {
+                            v8f a = {0};
+                            for (int64_t d = 0; d < D; d += 8) a += ld8(qq + d) * ld8(k + d);
+                            x = hsum8(a);
+                        } else {
+                            for (int64_t d = 0; d < D; d++) x += qq[d] * k[d];
+                        }
+                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                        s[h * G + g][t] = x;
+                    }
+                }
+            for (int64_t hq = 0; hq < Hq; hq++) {  // online softmax, block by block
+                float bm = -3.0e38f;
+                for (int64_t t = 0; t < cnt; t++) bm = s[hq][t] > bm ? s[hq][t] : bm;
+                float nm = bm > m[hq] ? bm : m[hq];
+                float c = exp_le0(m[hq] - nm), sum = 0.f;
+                for (int64_t t = 0; t < cnt; t++) {
+                    s[hq][t] = exp_le0(s[hq][t] - nm);
+                    sum += s[hq][t];
+                }
+                l[hq] = l[hq] * c + sum;
+                m[hq] = nm;
+                for (int64_t d = 0; d < D; d++) acc[hq][d] *= c;
+            }
+            for (int64_t t = 0; t < cnt; t++)
+                for (int64_t h = 0; h < Hkv; h++) {
+                    const float *v = row_f32(vc, is_bf16, base + (t * Hkv + h) * D, D, buf);
+                    for (int64_t g = 0; g < G; g++) {
+                        float p = s[h * G + g][t], *a = acc[h * G + g];
+                        if (vec) {
+                            for (int64_t d = 0; d < D; d += 8) st8(a + d, ld8(a + d) + p * ld8(v + d));
+                        } else {
+                            for (int64_t d = 0; d < D; d++) a[d] += p * v[d];
+                        }
+                    }
+                }
+        }
+        for (int64_t hq = 0; hq < Hq; hq++) {
+            int64_t ooff = (r * Hq + hq) * D;
+            float c = 1.f;
+            if (sinks) {  // the sink's logit joins the denominator only
+                float sv = sinks[hq], nm = sv > m[hq] ? sv : m[hq];
+                c = exp_le0(m[hq] - nm);
+                l[hq] = l[hq] * c + exp_le0(sv - nm);
+            }
+            float inv = l[hq] > 0.f ? c / l[hq] : 0.f;
+            for (int64_t d = 0; d < D; d++) {
+                float o = acc[hq][d] * inv;
+                if (is_bf16) ((uint16_t *)out)[ooff + d] = f32_to_bf16(o);
+                else ((float *)out)[ooff + d] = o;
+            }
+        }
+    }
+}
+
+// ----- the per-head path (more than MAXH query heads) ----------------------------------------
 int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
                  const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
                  int64_t BS, int64_t W, int64_t window, float scale, float softcap,
                  const float *sinks, int is_bf16) {
     if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
+    if (Hq <= MAXH) {
+        decode_blockwise(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale,
+                         softcap, sinks, is_bf16);
+        return 0;
+    }
     int64_t G = Hq / Hkv;
     float qf[MAXG][MAXD], acc[MAXG][MAXD], m[MAXG], l[MAXG];
     float kf[MAXBS][MAXD], vf[MAXBS][MAXD], s[MAXBS];
