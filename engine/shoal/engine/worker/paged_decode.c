@@ -84,6 +84,41 @@ static inline void load_rows(const void *cache, int is_bf16, int64_t base, int64
 }
 
 
+// A row's `count` query heads from element `off` of q: scaled into qf, their accumulators, running
+// maxima and sums reset (finite: no inf arithmetic anywhere).
+static inline void start_heads(const void *q, int is_bf16, int64_t off, int64_t count, int64_t D,
+                               float scale, float qf[][MAXD], float acc[][MAXD], float *m,
+                               float *l) {
+    for (int64_t i = 0; i < count; i++) {
+        for (int64_t d = 0; d < D; d++) {
+            qf[i][d] = (is_bf16 ? bf16_to_f32(((const uint16_t *)q)[off + i * D + d])
+                                : ((const float *)q)[off + i * D + d]) * scale;
+            acc[i][d] = 0.f;
+        }
+        m[i] = -3.0e38f; l[i] = 0.f;
+    }
+}
+
+// Those heads' outputs (from element `off` of out): acc / l, with each head's sink logit (sinks
+// points at the first of them, or is NULL) joining the denominator only.
+static inline void finish_heads(void *out, int is_bf16, int64_t off, int64_t count, int64_t D,
+                                const float *sinks, float acc[][MAXD], float *m, float *l) {
+    for (int64_t i = 0; i < count; i++) {
+        float c = 1.f;
+        if (sinks) {
+            float sv = sinks[i], nm = sv > m[i] ? sv : m[i];
+            c = exp_le0(m[i] - nm);
+            l[i] = l[i] * c + exp_le0(sv - nm);
+        }
+        float inv = l[i] > 0.f ? c / l[i] : 0.f;
+        for (int64_t d = 0; d < D; d++) {
+            float o = acc[i][d] * inv;
+            if (is_bf16) ((uint16_t *)out)[off + i * D + d] = f32_to_bf16(o);
+            else ((float *)out)[off + i * D + d] = o;
+        }
+    }
+}
+
 // ----- the main path: every KV head of a block at once -----------------------------------------
 // A block's K (and V) rows of all KV heads lie contiguously ([BS, Hkv, D]): walking them in that
 // order streams each block once, where a head at a time strides through it Hkv times. The next
@@ -120,15 +155,7 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
     for (int64_t r = 0; r < R; r++) {
         int64_t n = ctx[r];
         int64_t first = window > 0 && n > window ? n - window : 0;  // first key the row sees
-        for (int64_t hq = 0; hq < Hq; hq++) {
-            int64_t qoff = (r * Hq + hq) * D;
-            for (int64_t d = 0; d < D; d++) {
-                qf[hq][d] = (is_bf16 ? bf16_to_f32(((const uint16_t *)q)[qoff + d])
-                                     : ((const float *)q)[qoff + d]) * scale;
-                acc[hq][d] = 0.f;
-            }
-            m[hq] = -3.0e38f; l[hq] = 0.f;  // finite: no inf arithmetic anywhere
-        }
+        start_heads(q, is_bf16, r * Hq * D, Hq, D, scale, qf, acc, m, l);
         for (int64_t j = first / BS; j * BS < n; j++) {
             int64_t lo = j * BS > first ? j * BS : first;
             int64_t hi = (j + 1) * BS < n ? (j + 1) * BS : n, cnt = hi - lo;
@@ -181,21 +208,7 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
                     }
                 }
         }
-        for (int64_t hq = 0; hq < Hq; hq++) {
-            int64_t ooff = (r * Hq + hq) * D;
-            float c = 1.f;
-            if (sinks) {  // the sink's logit joins the denominator only
-                float sv = sinks[hq], nm = sv > m[hq] ? sv : m[hq];
-                c = exp_le0(m[hq] - nm);
-                l[hq] = l[hq] * c + exp_le0(sv - nm);
-            }
-            float inv = l[hq] > 0.f ? c / l[hq] : 0.f;
-            for (int64_t d = 0; d < D; d++) {
-                float o = acc[hq][d] * inv;
-                if (is_bf16) ((uint16_t *)out)[ooff + d] = f32_to_bf16(o);
-                else ((float *)out)[ooff + d] = o;
-            }
-        }
+        finish_heads(out, is_bf16, r * Hq * D, Hq, D, sinks, acc, m, l);
     }
 }
 
@@ -217,15 +230,7 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
         int64_t n = ctx[r];
         int64_t first = window > 0 && n > window ? n - window : 0;  // first key the row sees
         for (int64_t h = 0; h < Hkv; h++) {
-            for (int64_t g = 0; g < G; g++) {
-                int64_t qoff = (r * Hq + h * G + g) * D;
-                for (int64_t d = 0; d < D; d++) {
-                    qf[g][d] = (is_bf16 ? bf16_to_f32(((const uint16_t *)q)[qoff + d])
-                                        : ((const float *)q)[qoff + d]) * scale;
-                    acc[g][d] = 0.f;
-                }
-                m[g] = -3.0e38f; l[g] = 0.f;  // finite: no inf arithmetic anywhere
-            }
+            start_heads(q, is_bf16, (r * Hq + h * G) * D, G, D, scale, qf, acc, m, l);
             for (int64_t j = first / BS; j * BS < n; j++) {
                 int64_t lo = j * BS > first ? j * BS : first;
                 int64_t hi = (j + 1) * BS < n ? (j + 1) * BS : n, cnt = hi - lo;
@@ -254,21 +259,8 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
                     m[g] = nm;
                 }
             }
-            for (int64_t g = 0; g < G; g++) {
-                int64_t ooff = (r * Hq + h * G + g) * D;
-                float c = 1.f;
-                if (sinks) {  // the sink's logit joins the denominator only
-                    float sv = sinks[h * G + g], nm = sv > m[g] ? sv : m[g];
-                    c = exp_le0(m[g] - nm);
-                    l[g] = l[g] * c + exp_le0(sv - nm);
-                }
-                float inv = l[g] > 0.f ? c / l[g] : 0.f;
-                for (int64_t d = 0; d < D; d++) {
-                    float o = acc[g][d] * inv;
-                    if (is_bf16) ((uint16_t *)out)[ooff + d] = f32_to_bf16(o);
-                    else ((float *)out)[ooff + d] = o;
-                }
-            }
+            finish_heads(out, is_bf16, (r * Hq + h * G) * D, G, D, sinks ? sinks + h * G : NULL,
+                         acc, m, l);
         }
     }
     return 0;
