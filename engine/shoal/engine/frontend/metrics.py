@@ -71,18 +71,14 @@ class FrontendMetrics:
         self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
                         E2E_BUCKETS)
-        self.queue_time = hist("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.",
-                               PHASE_BUCKETS)
-        self.inference_time = hist("vllm:request_inference_time_seconds",
-                                   "Histogram of time spent in RUNNING phase for request.",
-                                   PHASE_BUCKETS)
-        self.prefill_time = hist("vllm:request_prefill_time_seconds",
-                                 "Histogram of time spent in PREFILL phase for request.",
-                                 PHASE_BUCKETS)
-        self.decode_time = hist("vllm:request_decode_time_seconds",
-                                "Histogram of time spent in DECODE phase for request.",
-                                PHASE_BUCKETS)
+        def phase(name: str, what: str):
+            return hist(f"vllm:request_{name}_time_seconds",
+                        f"Histogram of time spent in {what} phase for request.", PHASE_BUCKETS)
+
+        self.queue_time = phase("queue", "WAITING")
+        self.inference_time = phase("inference", "RUNNING")
+        self.prefill_time = phase("prefill", "PREFILL")
+        self.decode_time = phase("decode", "DECODE")
         self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per request.",
                                [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
         self.gen_len = hist("vllm:request_generation_tokens", "Generated tokens per request.",
