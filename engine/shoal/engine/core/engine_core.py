@@ -44,7 +44,6 @@ class EngineCore:
         if executor_class is None:
             executor_class = default_executor_class(config)
         self.config = config
-        # When each request not yet scheduled arrived here (monotonic): its queue time.
         self.model_executor = executor_class(config)
         self.num_blocks = self.model_executor.determine_num_kv_blocks()
         self.block_size = config.block_size

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP app (FastAPI) on top of one AsyncLLM: error handlers, the API key
-(api_key.py) and the endpoint groups (one module each: serving_completions, serving_chat, serving_admin).
+(api_key.py) and the endpoint groups (one module each: serving_completions, serving_chat,
+serving_admin).
 
 Responses and SSE chunks follow OpenAI's (and vLLM's) shapes. Every error is OpenAI's error JSON
 (http_errors.py). A stream that already sent 200 ends with an error event and `data: [DONE]`.

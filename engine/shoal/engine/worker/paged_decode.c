@@ -38,7 +38,6 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-
 // Eight floats as one value (GCC/Clang vector extension: one AVX register where the CPU has AVX,
 // split by the compiler elsewhere); the blockwise path uses it when D is a multiple of 8.
 typedef float v8f __attribute__((vector_size(32)));
@@ -82,7 +81,6 @@ static inline void load_rows(const void *cache, int is_bf16, int64_t base, int64
         }
     }
 }
-
 
 // A row's `count` query heads from element `off` of q: scaled into qf, their accumulators, running
 // maxima and sums reset (finite: no inf arithmetic anywhere).
@@ -201,7 +199,8 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
                     for (int64_t g = 0; g < G; g++) {
                         float p = s[h * G + g][t], *a = acc[h * G + g];
                         if (vec) {
-                            for (int64_t d = 0; d < D; d += 8) st8(a + d, ld8(a + d) + p * ld8(v + d));
+                            for (int64_t d = 0; d < D; d += 8)
+                                st8(a + d, ld8(a + d) + p * ld8(v + d));
                         } else {
                             for (int64_t d = 0; d < D; d++) a[d] += p * v[d];
                         }
@@ -212,7 +211,7 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
     }
 }
 
-// ----- the per-head path (more than MAXH query heads) ----------------------------------------
+// ----- the entry point; below the dispatch, the per-head path (more than MAXH query heads) ------
 int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
                  const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
                  int64_t BS, int64_t W, int64_t window, float scale, float softcap,
