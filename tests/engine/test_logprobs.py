@@ -15,6 +15,7 @@ from shoal.engine.codec import OutputCodec
 from shoal.engine.frontend.logprobs import unpack
 
 TOL = 1e-3
+RANK_BAND = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,11 @@ def positions(lp: wire.Logprobs):
 def check_position(pos, ref_row: torch.Tensor, chosen: int, n: int) -> None:
     assert pos.token_id == chosen
     assert abs(pos.logprob - ref_row[chosen].item()) < TOL
-    assert pos.rank == int((ref_row >= ref_row[chosen] - 1e-6).sum())
+    # The rank counts the engine's own values, which differ from the reference's by float32
+    # rounding (another GEMM): a token within RANK_BAND of the chosen one may fall either side.
+    value = ref_row[chosen]
+    assert int((ref_row > value + RANK_BAND).sum()) < pos.rank <= int(
+        (ref_row >= value - RANK_BAND).sum())
     top = ref_row.topk(n)
     assert len(pos.token_ids) == 1 + n
     assert torch.allclose(torch.tensor(pos.logprobs[1:]), top.values, atol=TOL)

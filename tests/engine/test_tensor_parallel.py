@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import NewRequestData, SchedulerOutput
+from shoal.engine.worker import cpu_kernel, cpu_linear
 from shoal.engine.worker.worker import Worker
 
 # Absolute, plus a relative part for the 12-layer model whose logits reach ~35: the sharded
@@ -63,7 +64,7 @@ def script() -> list[SchedulerOutput]:
     return [step1, step2, step3]
 
 
-def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict:
+def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
     """The script through a real Worker and ModelRunner; the logits are caught on their way to sampling."""
     from shoal.engine.worker import model_runner as mr
 
@@ -72,15 +73,18 @@ def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict
                           kv_cache_memory_bytes=1 << 20, seed=5)
     worker = Worker(config, rank)  # the engine's path: Worker passes its rank to ModelRunner
     worker.init_device()
-    previous = os.environ.get("SHOAL_CPU_KERNEL")
-    os.environ["SHOAL_CPU_KERNEL"] = "1" if cpu_kernel else "0"
+    # The CPU fast paths (decode kernel, oneDNN-packed linear layers) on or off together.
+    switches = (cpu_kernel.DISABLE_ENV, cpu_linear.DISABLE_ENV)
+    previous = {name: os.environ.get(name) for name in switches}
+    os.environ.update({name: "1" if fast else "0" for name in switches})
     try:
         worker.load_model()
     finally:  # this also runs in the pytest process: leave the environment as it was
-        if previous is None:
-            del os.environ["SHOAL_CPU_KERNEL"]
-        else:
-            os.environ["SHOAL_CPU_KERNEL"] = previous
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     worker.initialize_kv_cache(16)
     runner = worker.model_runner
     logits, sampled = [], []
@@ -97,7 +101,8 @@ def run_script(model: str, world_size: int, rank: int, cpu_kernel: bool) -> dict
     finally:
         mr.sample = real_sample
     return dict(logits=logits, sampled=sampled, kv_shape=tuple(runner.kv_caches[0][0].shape),
-                kv_bytes=runner.kv_bytes_per_block(), kernel=runner.decode_kernel is not None)
+                kv_bytes=runner.kv_bytes_per_block(), kernel=runner.decode_kernel is not None,
+                packed=runner.packed_linears)
 
 
 def _group_main(rank: int, groups: list, out_dir: str) -> None:
@@ -187,7 +192,7 @@ def models(tiny_model, small_model, tiny_qwen2_model, tmp_path_factory) -> dict[
     return out
 
 
-# (name, model key, world sizes, CPU decode kernel): the tiny models also run the torch decode path.
+# (name, model key, world sizes, CPU fast paths): the tiny models also run torch's own ops.
 JOBS = [("tiny", "tiny", (2, 4), True), ("tiny-torch", "tiny", (2, 4), False),
         ("qwen2", "qwen2", (2, 4), True), ("small", "small", (2,), True)]
 JOBS += [(arch, arch, (2, 4), arch != "gemma2") for arch in RANDOM_ARCHS]
@@ -275,6 +280,8 @@ def test_kv_cache_holds_the_local_heads(results, models, name, world):
         assert got["kv_shape"][3] == ref["kv_shape"][3]
         assert got["kv_bytes"] * cfg.num_key_value_heads == ref["kv_bytes"] * local_kv
         assert got["kernel"] == ref["kernel"]
+        # Row-parallel layers are packed like the rest: the same count as unsharded.
+        assert got["packed"] == ref["packed"] and (got["packed"] > 0) == got["kernel"]
 
 
 # -- refusals (no processes needed: they happen before any communication) ----------------------

@@ -18,6 +18,7 @@ from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
 from shoal.engine.worker import (
     cpu_kernel,
+    cpu_linear,
     logprobs,
     model_check,
     paged_attention,
@@ -95,6 +96,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel: PagedDecodeKernel | None = None
+        self.packed_linears = 0  # layers on oneDNN's packed float32 linear (cpu_linear.py)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
         # gathered so far, as (first position, rows) per chunk. Empty: no extra work per step.
@@ -131,6 +133,9 @@ class ModelRunner:
         if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
             tensor_parallel.shard_model(model, self.rank, self.world_size, name)
         self.model = model.to(self.device).eval()
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            self.packed_linears, how = cpu_linear.pack_linears(self.model)
+            log.info("linear layers: %s", how)
         # The cache's geometry is what the layers really produce (this rank's heads under TP).
         layout = model_check.probe_model(self.model, text_cfg, self.device, name)
         self.num_layers, self.num_kv_heads = layout.num_layers, layout.num_kv_heads

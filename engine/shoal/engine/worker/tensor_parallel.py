@@ -27,7 +27,6 @@ import copy
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from shoal.engine.errors import UnsupportedModelError
 from torch import nn
 
@@ -60,16 +59,20 @@ def check_shardable(text_cfg, world_size: int, model_name: str) -> None:
 
 
 class RowParallelLinear(nn.Module):
-    """y = all_reduce(x_local @ W_local^T) + b: the bias is added once, after the reduce."""
+    """y = all_reduce(x_local @ W_local^T) + b: the bias is added once, after the reduce.
+
+    The local matmul is a plain bias-free nn.Linear (`local`), so whatever runs the model's other
+    linear layers (cpu_linear.py's packed path) runs this one too."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.local = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        self.local.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = self.local(x)
         dist.all_reduce(y)
         return y if self.bias is None else y + self.bias
 

@@ -1,0 +1,84 @@
+"""oneDNN-packed float32 linear layers: equal to nn.Linear within float32 rounding, a row's result
+independent of its batch, tied weights left alone, and a switch back to torch's own linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from shoal.engine.worker import cpu_linear
+from shoal.engine.worker.cpu_linear import PackedLinear
+from torch import nn
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(0, 256), (1, 256), (7, 768), (200, 256), (2, 37, 256)])
+def test_packed_linear_equals_nn_linear(shape, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(shape[-1], 1000, bias=bias)
+    x = torch.randn(shape)
+    packed = PackedLinear(lin)
+    got = packed(x)
+    want = lin(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    double = x.double() @ lin.weight.double().T + (lin.bias.double() if bias else 0)
+    torch.testing.assert_close(got.double(), double, rtol=1e-5, atol=1e-5)
+
+
+def test_a_strided_input_gives_the_same_rows_as_a_contiguous_one():
+    torch.manual_seed(1)
+    packed = PackedLinear(nn.Linear(256, 512))
+    wide = torch.randn(1, 50, 512)
+    x = wide[:, 5:42, ::2]  # the shape of logits_to_keep's slice, here with a stride
+    torch.testing.assert_close(packed(x), packed(x.contiguous()), rtol=0, atol=0)
+
+
+def test_a_row_does_not_depend_on_its_batch():
+    torch.manual_seed(2)
+    packed = PackedLinear(nn.Linear(256, 8192, bias=False))
+    batch = torch.randn(200, 256)
+    together = packed(batch)
+    for r in (0, 7, 199):
+        assert torch.equal(packed(batch[r:r + 1])[0], together[r])
+
+
+class _Tiny(nn.Module):
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.proj = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
+        self.bf16 = nn.Linear(16, 16).to(torch.bfloat16)
+        self.head = nn.Linear(16, 64, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+
+def test_pack_linears_swaps_float32_layers_and_keeps_tied_and_bf16_ones():
+    model = _Tiny(tied=True)
+    count, how = cpu_linear.pack_linears(model)
+    assert count == 2 and "oneDNN" in how and "1 tied" in how
+    assert all(type(m) is PackedLinear for m in model.proj)
+    assert type(model.head) is nn.Linear and model.head.weight is model.embed.weight
+    assert type(model.bf16) is nn.Linear
+
+    untied = _Tiny(tied=False)
+    assert cpu_linear.pack_linears(untied)[0] == 3
+    assert type(untied.head) is PackedLinear
+
+
+def test_the_switch_keeps_torchs_own_linear(monkeypatch):
+    monkeypatch.setenv(cpu_linear.DISABLE_ENV, "0")
+    model = _Tiny(tied=False)
+    count, how = cpu_linear.pack_linears(model)
+    assert count == 0 and cpu_linear.DISABLE_ENV in how
+    assert type(model.head) is nn.Linear
+
+
+def test_the_engine_runs_its_linear_layers_packed_and_says_so(make_llm, tiny_model, caplog):
+    caplog.set_level("INFO")
+    llm = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    runner = llm.engine_core.model_executor.worker.model_runner
+    # tiny: 4 layers x (q, k, v, o, gate, up, down) + the untied LM head
+    assert runner.packed_linears == 29
+    assert type(runner.model.lm_head) is PackedLinear
+    assert "oneDNN-packed float32 linear layers (29)" in caplog.text
