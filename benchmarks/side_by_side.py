@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from prefix_routing import cpu_flags  # noqa: E402
 from serve import RssSampler, launch, run  # noqa: E402
 
 MODELS = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal")) / "models"
@@ -35,6 +36,8 @@ def servers(model: str, args) -> dict[str, tuple[str, dict]]:
     vllm = (f"{args.vllm_python} -m vllm.entrypoints.openai.api_server --model {path} "
             f"--host 127.0.0.1 --port 8142 --served-model-name {name} "
             "--disable-uvicorn-access-log")
+    if args.vllm_dtype:
+        vllm += f" --dtype {args.vllm_dtype}"
     kv_gib = KV[model].rstrip("G")
     return {"shoal": (shoal, {}), "vllm": (vllm, {"VLLM_CPU_KVCACHE_SPACE": kv_gib})}
 
@@ -76,6 +79,9 @@ def main() -> None:
     ap.add_argument("--shoal-threads", type=int, default=None,
                     help="shoal's --num-threads (default: not passed, torch's one per core, as "
                          "vLLM runs with its own defaults)")
+    ap.add_argument("--vllm-dtype", default=None,
+                    help="vLLM's --dtype (default: not passed, its auto), e.g. float32 to compare "
+                         "like with like where shoal's auto keeps float32")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -88,9 +94,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for system, (command, env) in servers(model, args).items():
                 rows += measure(system, command, env, model, args)
+    print("\n" + cpu_flags())
     rate = "inf" if args.request_rate == float("inf") else f"{args.request_rate:g}/s"
     print(f"\n{args.num_prompts} prompts, {args.input_len} in / {args.output_len} out, rate {rate}"
-          f"; each server's --dtype default (auto)")
+          f"; shoal --dtype auto, vLLM --dtype {args.vllm_dtype or 'auto'}")
     print("| model | server | run | output tok/s | TTFT median / p99 (ms) | ITL median / p99 (ms) "
           "| start-up to /health (s) | RSS frontend / engine (MiB) | CPU s client / frontend / "
           "engine |")

@@ -8,7 +8,6 @@ of its known tokens.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 
 import torch
@@ -26,6 +25,7 @@ from shoal.engine.worker import (
 )
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
+from shoal.engine.worker.kv_memory import KvArena
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
 from shoal.engine.worker.sampler import apply_grammar_bitmask, sample
 
@@ -55,23 +55,6 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
     return torch.float32
 
 
-def advise_huge_pages(t: torch.Tensor) -> None:
-    """Ask Linux for transparent huge pages under a CPU tensor (madvise; THP's default mode).
-
-    A decode step reads each request's K/V blocks from all over a cache of gigabytes: with 4 KiB
-    pages nearly every block is a TLB miss. Best effort: elsewhere, or if refused, nothing."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        huge, madv_hugepage = 2 << 20, 14
-        start = -(-t.data_ptr() // huge) * huge  # madvise wants an aligned start
-        end = t.data_ptr() + t.numel() * t.element_size()
-        if end - start >= huge:
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t((end - start) // huge * huge),
-                         madv_hugepage)
-    except (OSError, AttributeError):
-        pass
-
-
 def cpu_has_native_bf16() -> bool:
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -93,6 +76,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.model = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_arena: KvArena | None = None  # the CPU cache's memory (kv_memory.py)
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel: PagedDecodeKernel | None = None
@@ -169,14 +153,16 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(self._kv_tensor(shape), self._kv_tensor(shape))
+        if self.device.type != "cpu":
+            self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                               torch.zeros(shape, dtype=self.dtype, device=self.device))
+                              for _ in range(self.num_layers)]
+            return
+        self.kv_arena = KvArena(num_blocks * self.kv_bytes_per_block(), self.rank)
+        self.kv_caches = [(self.kv_arena.tensor(shape, self.dtype),
+                           self.kv_arena.tensor(shape, self.dtype))
                           for _ in range(self.num_layers)]
-
-    def _kv_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
-        t = torch.empty(shape, dtype=self.dtype, device=self.device)
-        if self.device.type == "cpu":
-            advise_huge_pages(t)  # before the first touch, so the zeroing faults in huge pages
-        return t.zero_()
+        self.kv_arena.commit()
 
     # -- one step ------------------------------------------------------------------------
 
