@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from cluster_common import (
     RUN_DIR,
     ClusterError,
     log,
+    node_store,
     run,
     state_dir,
     tail,
@@ -120,8 +122,6 @@ class Cluster:
         for stale in ("etcd", "state.json"):  # a fresh cluster each start
             p = self.root / stale
             if p.is_dir():
-                import shutil
-
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
@@ -186,14 +186,19 @@ class Cluster:
         return run(["ctr", "-a", str(n.sock), "version"], check=False).returncode == 0
 
     def _load_images(self, archives: dict[str, Path]) -> None:
+        for archive in archives.values():
+            if not archive.is_file():
+                raise ClusterError(f"image archive {archive} missing (build it first)")
+        todo = {n.name: [w for w, a in archives.items()
+                         if cluster_images.needs_import(n.sock, n.store, a, w)]
+                for n in self.nodes}
+        check_disk(sum(archives[w].stat().st_size for ws in todo.values() for w in ws))
         errors: list[str] = []
 
         def load(n: cluster_node.NodePaths) -> None:
             try:
-                for what, archive in archives.items():
-                    if not archive.is_file():
-                        raise ClusterError(f"image archive {archive} missing (build it first)")
-                    cluster_images.load_into_node(n.sock, n.store, archive, what)
+                for what in todo[n.name]:
+                    cluster_images.import_into_node(n.sock, n.store, archives[what], what)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(f"{n.name}: {exc}")
 
@@ -227,6 +232,30 @@ class Cluster:
             self.cp.stop()
         cluster_clean.clean_all()
         cluster_clean.state_file().unlink(missing_ok=True)
+
+
+# Left free after the images are in: the kubelets' eviction floor (1 GiB, cluster_node) plus
+# room for pod logs, emptyDirs and the engines' compile caches.
+DISK_MARGIN = 3 << 30
+
+
+def check_disk(import_bytes: int) -> None:
+    """Log the free space the nodes will live on, and refuse to start when importing the images
+    (their content plus the unpacked snapshot: about twice the archive) would leave less than
+    DISK_MARGIN: a node short of disk taints itself and deletes its images, and pods then wait
+    unscheduled with nothing in the test output saying why."""
+    store = node_store(NODE_NAMES[0]).parent
+    store.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(store).free
+    need = 2 * import_bytes + DISK_MARGIN
+    log(f"disk: {free / 2**30:.1f} GiB free for the node stores ({store}); images to import: "
+        f"{import_bytes / 2**30:.1f} GiB")
+    if free < need:
+        raise ClusterError(
+            f"only {free / 2**30:.1f} GiB free on the disk holding {store}; the nodes need about "
+            f"{need / 2**30:.1f} GiB (images to import, unpacked, plus {DISK_MARGIN >> 30} GiB). "
+            "Free some space: old image builds are pruned by `cluster.py prepare`, "
+            "`du -sh ~/.cache/shoal/*` shows the rest")
 
 
 # -- entry points ------------------------------------------------------------------------------
@@ -272,6 +301,7 @@ def ensure_prerequisites() -> None:
         raise
     if binaries.wait() != 0:
         raise ClusterError(f"{BUILD_SCRIPT} all failed (exit {binaries.returncode})")
+    cluster_images.prune_store()
     images_file().parent.mkdir(parents=True, exist_ok=True)
     images_file().write_text(json.dumps({k: str(v) for k, v in built.items()}, indent=2) + "\n")
 

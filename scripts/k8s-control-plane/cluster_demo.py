@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import cluster
+import cluster_explain
 from cluster_common import MODEL_HOST_DIR, REPO, ClusterError, log
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -73,14 +74,26 @@ class Kube:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
+    def explain(self, namespace: str) -> str:
+        """Why this namespace's pods are not running (cluster_explain), best effort."""
+        try:
+            return cluster_explain.explain(self.get("pods", "-n", namespace), self.get("nodes"),
+                                           self.get("events", "-n", namespace))
+        except (ClusterError, ValueError, subprocess.TimeoutExpired) as exc:
+            return f"(could not read the cluster's state: {exc})"
+
 
 def install_operator(kube: Kube, timeout: float = 300) -> None:
     log("helm upgrade --install shoal charts/shoal -n shoal-system")
     kube.helm("upgrade", "--install", "shoal", str(CHART), "--namespace", OPERATOR_NS,
               "--create-namespace", "--force-conflicts")
     log("waiting for the operator pod")
-    kube.kubectl("rollout", "status", "deployment/shoal-operator", "-n", OPERATOR_NS,
-                 f"--timeout={int(timeout)}s", timeout=timeout + 10)
+    try:
+        kube.kubectl("rollout", "status", "deployment/shoal-operator", "-n", OPERATOR_NS,
+                     f"--timeout={int(timeout)}s", timeout=timeout + 10)
+    except (ClusterError, subprocess.TimeoutExpired) as exc:
+        raise ClusterError(f"the operator pod did not become ready within {timeout:.0f}s "
+                           f"({exc}):\n{kube.explain(OPERATOR_NS)}") from None
 
 
 def completion(url: str, model: str = "shoal-tiny", timeout: float = 30) -> dict:
@@ -115,7 +128,8 @@ def wait_serving(kube: Kube, name: str, namespace: str, timeout: float = 600) ->
                 + "; ".join(" ".join(p.split()[:3]) for p in pods.splitlines())
                 + (f" | last: {last_err}" if last_err else ""))
         time.sleep(1)
-    raise ClusterError(f"no completion through the Service within {timeout:.0f}s: {last_err}")
+    raise ClusterError(f"no completion through the Service within {timeout:.0f}s: {last_err}\n"
+                       f"{kube.explain(namespace)}")
 
 
 def main(argv: list[str] | None = None) -> int:

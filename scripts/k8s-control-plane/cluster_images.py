@@ -191,6 +191,20 @@ def build_target(target: str, tag: str) -> Path:
     return archive
 
 
+def prune_store() -> None:
+    """Drop the layer chains of earlier builds (untagged, no children) from the build store;
+    about 0.1 s when there are none.
+
+    Each rebuild of a target leaves its previous chain behind: 1.8 GB per engine build, 41 GB
+    after a day of work, which pushed the host disk into the nodes' eviction threshold. The
+    chains under the current tags stay, so the next build still reuses its torch layer."""
+    free = shutil.disk_usage(images_dir()).free
+    run(["podman", *storage_args(), "image", "prune", "--force"], timeout=1800)
+    freed = shutil.disk_usage(images_dir()).free - free
+    if freed > 64 << 20:
+        log(f"build store: removed earlier builds' layers ({freed >> 20} MiB freed)")
+
+
 def build_pause(pause_bin: Path) -> Path:
     digest = hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:16]
     archive = images_dir() / f"pause-{digest}.tar"
@@ -212,13 +226,32 @@ def build_pause(pause_bin: Path) -> Path:
 
 
 # -- into a node --------------------------------------------------------------------------------
-def load_into_node(sock: Path, store: Path, archive: Path, what: str) -> None:
-    """`ctr image import`, unless this node already imported this very archive."""
+TAGS = {"pause": PAUSE_TAG, "operator": OPERATOR_TAG, "engine": ENGINE_TAG}
+
+
+def node_images(sock: Path) -> set[str]:
+    """The image names this node's containerd holds (the kubelet's namespace)."""
+    out = run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "list", "--quiet"]).stdout
+    return set(out.decode().split())
+
+
+def needs_import(sock: Path, store: Path, archive: Path, what: str) -> bool:
+    """False when this node already imported this very archive and still holds its image (a
+    kubelet under disk pressure deletes unused images, marker or not)."""
     marker = store / "loaded" / what
-    if marker.is_file() and marker.read_text() == archive.name:
-        return
+    if not (marker.is_file() and marker.read_text() == archive.name):
+        return True
+    if TAGS[what] in node_images(sock):
+        return False
+    log(f"{store.name}: {TAGS[what]} was imported before but is gone (the kubelet deletes "
+        "unused images when the disk runs short); importing it again")
+    return True
+
+
+def import_into_node(sock: Path, store: Path, archive: Path, what: str) -> None:
     log(f"{store.name}: importing {archive.name} ({archive.stat().st_size >> 20} MiB)")
     run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "import", str(archive)], timeout=900)
+    marker = store / "loaded" / what
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(archive.name)
 

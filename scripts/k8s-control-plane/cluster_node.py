@@ -208,7 +208,11 @@ def kubelet_argv(n: NodePaths, kubelet_bin: Path, kubeconfig: Path, pause_tag: s
         # Images are loaded by the harness, never pulled: never collect them.
         "--image-gc-high-threshold=100",
         "--image-gc-low-threshold=99",
-        "--eviction-hard=memory.available<100Mi,nodefs.available<2%,imagefs.available<2%",
+        # Absolute floors, not shares: the nodes live on the host's disk, shared with everything
+        # else (2% of a 252 GB disk is 5 GB). Crossing a disk threshold makes the kubelet taint
+        # the node (nothing schedules for 5 minutes) and delete every unused image, which no
+        # registry can bring back here.
+        "--eviction-hard=memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi",
         "--serialize-image-pulls=false",
         # The API server calls the kubelet (logs, exec) without a client certificate.
         "--anonymous-auth=true",
