@@ -3,7 +3,7 @@
 The engine runs in this process (EngineCore, in-line executor), so nothing but the step is timed:
 N requests of P random prompt tokens are admitted and prefilled, then `--steps` decode steps of
 the whole batch are timed phase by phase, each phase wrapped from the outside (no timer lives in
-the engine):
+the engine). The prefill before them is timed as a whole (prompt tokens/s):
 
 - schedule:  Scheduler.schedule (block allocation, the step's token lists)
 - inputs:    the runner's per-step state and attention metadata (token ids, positions, slots)
@@ -123,10 +123,13 @@ def main() -> None:
     handles = {f"r{i}": i for i in range(args.num_requests)}
     # Prefill until every request has its first token: from then on, each step is pure decode.
     started: set[str] = set()
+    prefill_steps, t_prefill = 0, time.perf_counter()
     while len(started) < args.num_requests:
         step = core.step_output()
+        prefill_steps += 1
         started.update(o.request_id for o in step.outputs)
         started.update(step.decode_req_ids)
+    t_prefill = time.perf_counter() - t_prefill
 
     clock.active = True
     profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -154,6 +157,9 @@ def main() -> None:
     print(cpu_flags())
     print(f"model shoal-{args.model}, dtype {runner_dtype(core)}, {args.num_requests} requests x {args.input_len} prompt tokens, {args.steps} decode"
           f" steps, torch threads {torch.get_num_threads()}")
+    print(f"prefill: {prefill_steps} steps of up to {config.max_num_batched_tokens} tokens, "
+          f"{t_prefill:.2f} s = {args.num_requests * args.input_len / t_prefill:,.0f} prompt "
+          "tok/s (engine only)")
     print(f"decode step: {per['step']:.2f} ms = {args.num_requests / per['step'] * 1e3:,.0f} "
           f"output tok/s (engine only; {wall:.2f} s for {args.steps} steps)\n")
     print("| phase | ms per step | share |")

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 from shoal.engine import wire
-from shoal.engine.worker import cpu_kernel
+from shoal.engine.worker import c_build, cpu_kernel
 
-pytestmark = pytest.mark.skipif(cpu_kernel._compiler() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="no C compiler here")
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ Each accepted architecture is a tiny random model (2-4 layers, 4 query / 2 KV he
 weights drawn with std 0.1 so attention is far from uniform) whose sliding windows (12 tokens)
 are shorter than the prompts. Shoal runs it in float32 with chunked prefill (a 20-token budget)
 and prefix caching on (the second batch repeats the first batch's prompts with new tails, so
-cached blocks are reused), once on the CPU fast paths (the decode kernel and oneDNN-packed linear
-layers) and once on torch's own ops (gather + SDPA, MKL linear layers); the
+cached blocks are reused), once on the CPU fast paths (the decode kernel, oneDNN-packed linear
+layers, fused norms, MLP activations and RoPE) and once on torch's own ops (gather + SDPA, MKL
+linear layers, eager elementwise ops); the
 reference is transformers' greedy `generate` with its eager attention, one prompt at a time.
 As in test_oracle.py, a divergence is accepted only at a near-tie of the reference's top two
 logits. For the models with a window, soft-capping or sinks, the reference is first checked to
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from shoal.engine import wire
-from shoal.engine.worker import cpu_kernel, cpu_linear
+from shoal.engine.worker import c_build, cpu_fused, cpu_kernel, cpu_linear
 
 WINDOW = 12
 MAX_NEW = 12
@@ -163,21 +164,34 @@ def _top2_gap(model, tokens: list[int]) -> float:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_transformers_with_chunked_prefill_and_prefix_caching(
         arch, path_kind, matrix, make_llm, tiny_model, monkeypatch):
-    if path_kind == "kernel" and cpu_kernel._compiler() is None:
+    if path_kind == "kernel" and c_build.compiler() is None:
         pytest.skip("no C compiler here")
     monkeypatch.setenv(cpu_kernel.DISABLE_ENV, "1" if path_kind == "kernel" else "0")
     monkeypatch.setenv(cpu_linear.DISABLE_ENV, "1" if path_kind == "kernel" else "0")
+    monkeypatch.setenv(cpu_fused.DISABLE_ENV, "1" if path_kind == "kernel" else "0")
     path, model, reference, _ = matrix[arch]
     llm = make_llm(path, tokenizer=tiny_model, dtype="float32", max_model_len=256,
                    max_num_batched_tokens=20, enable_prefix_caching=True)
     runner = llm.engine_core.model_executor.worker.model_runner
     assert (runner.decode_kernel is not None) == (path_kind == "kernel")
+    modules = list(runner.model.modules())
     if path_kind == "kernel":  # every nn.Linear is packed but a head tied to the embeddings
         embeddings = runner.model.get_input_embeddings().weight
-        assert all(m.weight is embeddings for m in runner.model.modules()
-                   if type(m) is torch.nn.Linear)
+        assert all(m.weight is embeddings for m in modules if type(m) is torch.nn.Linear)
+        # Every RMSNorm and SiLU-gated MLP is fused (the probe agreed), and so is every
+        # rotate-half RoPE; gpt-oss's rotary form is not, and stays transformers' own.
+        assert not [m for m in modules if type(m).__name__.endswith("RMSNorm")
+                    and not isinstance(m, cpu_fused.FusedRMSNorm)]
+        assert not [m for m in modules if cpu_fused._is_silu_mlp(m)]
+        rope = cpu_fused.describe_rope(runner.fused.rope)
+        if arch in ("gpt2", "opt"):
+            assert "does not call" in rope
+        else:
+            assert rope.startswith("torch's own" if arch == "gpt-oss" else "fused"), rope
     else:
-        assert runner.packed_linears == 0
+        assert runner.packed_linears == 0 and runner.fused.ops is None
+        assert not [m for m in modules
+                    if isinstance(m, (cpu_fused.FusedRMSNorm, cpu_fused.FusedSiluMLP))]
     params = wire.SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     first, second = _prompts()
     outputs = llm.generate(first, params) + llm.generate(second, params)

@@ -25,7 +25,8 @@ import torch.multiprocessing as mp
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import NewRequestData, SchedulerOutput
-from shoal.engine.worker import cpu_kernel, cpu_linear
+from shoal.engine.worker import cpu_fused, cpu_kernel, cpu_linear
+from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from shoal.engine.worker.worker import Worker
 
 # Absolute, plus a relative part for the 12-layer model whose logits reach ~35: the sharded
@@ -73,8 +74,9 @@ def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
                           kv_cache_memory_bytes=1 << 20, seed=5)
     worker = Worker(config, rank)  # the engine's path: Worker passes its rank to ModelRunner
     worker.init_device()
-    # The CPU fast paths (decode kernel, oneDNN-packed linear layers) on or off together.
-    switches = (cpu_kernel.DISABLE_ENV, cpu_linear.DISABLE_ENV)
+    # The CPU fast paths (decode kernel, oneDNN-packed linear layers, fused norms, MLPs and RoPE)
+    # on or off together.
+    switches = (cpu_kernel.DISABLE_ENV, cpu_linear.DISABLE_ENV, cpu_fused.DISABLE_ENV)
     previous = {name: os.environ.get(name) for name in switches}
     os.environ.update({name: "1" if fast else "0" for name in switches})
     try:
@@ -102,7 +104,10 @@ def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
         mr.sample = real_sample
     return dict(logits=logits, sampled=sampled, kv_shape=tuple(runner.kv_caches[0][0].shape),
                 kv_bytes=runner.kv_bytes_per_block(), kernel=runner.decode_kernel is not None,
-                packed=runner.packed_linears)
+                packed=runner.packed_linears,
+                fused=(runner.fused.norms, runner.fused.mlps,
+                       cpu_fused.describe_rope(runner.fused.rope)),
+                width_norms=sum(isinstance(m, DistributedRMSNorm) for m in runner.model.modules()))
 
 
 def _group_main(rank: int, groups: list, out_dir: str) -> None:
@@ -282,6 +287,9 @@ def test_kv_cache_holds_the_local_heads(results, models, name, world):
         assert got["kernel"] == ref["kernel"]
         # Row-parallel layers are packed like the rest: the same count as unsharded.
         assert got["packed"] == ref["packed"] and (got["packed"] > 0) == got["kernel"]
+        # So are the norms, MLPs and RoPE, but the width norms that all-reduce (DistributedRMSNorm).
+        assert got["fused"][0] + got["width_norms"] == ref["fused"][0], (got, ref["fused"])
+        assert got["fused"][1:] == ref["fused"][1:] and (got["fused"][0] > 0) == got["kernel"]
 
 
 # -- refusals (no processes needed: they happen before any communication) ----------------------

@@ -4,35 +4,27 @@ Why a C file and not torch ops: with torch ops a decode row's K/V must first be 
 blocks into a padded copy, then attended by SDPA, whose CPU kernel is built for long queries;
 together they were about half of a decode step. The kernel reads K/V where they are, once.
 
-Build: the machine's C compiler (`$CC`, else cc / gcc) with -O3 -march=native, into
-`$SHOAL_CACHE/kernels/` (default ~/.cache/shoal/kernels) under a name that hashes the source, the
-flags and the CPU's feature flags, so a cache shared between different CPUs stays correct. Plain C
-without torch headers: about a second. No compiler, a failed build or `SHOAL_CPU_KERNEL=0`:
-`load()` returns None with the reason, and attention stays on the torch path.
+Build: c_build.py (the machine's C compiler, -O3 -march=native, cached in `$SHOAL_CACHE/kernels/`).
+No compiler, a failed build or `SHOAL_CPU_KERNEL=0`: `load()` returns None with the reason, and
+attention stays on the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from shoal.engine.worker import c_build
+from shoal.engine.worker.row_split import RowSplitter
 
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "SHOAL_CPU_KERNEL"
 SOURCE = Path(__file__).with_name("paged_decode.c")
-# Reassociation lets the compiler vectorise the dot products; no -ffinite-math-only (the kernel
-# keeps every value finite, but the fallback-free contract is not worth a fast-math surprise).
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-shared", "-fPIC"]
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # The kernel's fixed buffers (MAXD, MAXBS, MAXG in paged_decode.c).
@@ -51,47 +43,9 @@ def fits(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int) -> s
     return None
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("SHOAL_CACHE") or Path.home() / ".cache" / "shoal"
-    return Path(root) / "kernels"
-
-
 def build() -> Path:
-    """The compiled library's path, compiling it if this source/flags/CPU has none yet."""
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (set $CC, or install gcc)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()
-    target = _cache_dir() / f"paged_decode-{key[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(out, target)  # atomic: concurrent engines never load a half-written file
-    return target
+    """The compiled paged_decode.c (c_build: cached by source, flags and CPU)."""
+    return c_build.build(SOURCE)
 
 
 class PagedDecodeKernel:
@@ -99,18 +53,15 @@ class PagedDecodeKernel:
     sinks)` -> out [R, Hq, D]. window (keys a row sees, None = all), softcap and sinks ([Hq]
     logits) are the attention variants transformers passes as sliding_window, softcap, s_aux.
 
-    With several torch threads the rows are split into one contiguous range per thread, each
-    range one call on a pool thread (ctypes releases the GIL during the call)."""
-
-    MIN_ROWS_PER_THREAD = 8
+    With several torch threads the rows are split into one contiguous range per thread
+    (row_split.py)."""
 
     def __init__(self, path: Path) -> None:
         self._fn = ctypes.CDLL(str(path)).paged_decode
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = ([_PTR] * 6 + [_I64] * 7
                              + [ctypes.c_float, ctypes.c_float, _PTR, ctypes.c_int])
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_size = 0
+        self._rows = RowSplitter("paged-decode", min_rows_per_thread=8)
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  table: torch.Tensor, ctx: torch.Tensor, scale: float, window: int | None = None,
@@ -135,17 +86,7 @@ class PagedDecodeKernel:
                             window or 0, scale, softcap or 0.0, sinks_ptr,
                             int(q.dtype == torch.bfloat16))
 
-        threads = min(torch.get_num_threads(), rows // self.MIN_ROWS_PER_THREAD)
-        if threads <= 1:
-            rc = run(0, rows)
-        else:
-            if self._pool_size < threads:
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="paged-decode")
-                self._pool_size = threads
-            bounds = [rows * i // threads for i in range(threads + 1)]
-            rc = min(self._pool.map(run, bounds[:-1], bounds[1:]))
+        rc = self._rows.run(run, rows)
         return out if rc == 0 else None
 
 

@@ -16,6 +16,7 @@ from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
 from shoal.engine.worker import (
+    cpu_fused,
     cpu_kernel,
     cpu_linear,
     logprobs,
@@ -81,6 +82,7 @@ class ModelRunner:
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel: PagedDecodeKernel | None = None
         self.packed_linears = 0  # layers on oneDNN's packed float32 linear (cpu_linear.py)
+        self.fused = cpu_fused.Fused()  # norms, MLPs and RoPE on fused CPU ops (cpu_fused.py)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
         # gathered so far, as (first position, rows) per chunk. Empty: no extra work per step.
@@ -120,8 +122,13 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.packed_linears, how = cpu_linear.pack_linears(self.model)
             log.info("linear layers: %s", how)
+            self.fused = cpu_fused.fuse(self.model)
+            log.info("norms and activations: %s", self.fused.how)
         # The cache's geometry is what the layers really produce (this rank's heads under TP).
-        layout = model_check.probe_model(self.model, text_cfg, self.device, name)
+        with cpu_fused.active(self.fused.ops):
+            layout = model_check.probe_model(self.model, text_cfg, self.device, name)
+        if self.fused.ops is not None:
+            log.info("rotary embedding: %s", cpu_fused.describe_rope(self.fused.rope))
         self.num_layers, self.num_kv_heads = layout.num_layers, layout.num_kv_heads
         self.head_dim = layout.head_dim
         self.vocab_size = text_cfg.vocab_size
@@ -244,8 +251,9 @@ class ModelRunner:
         if prompt_rows:  # prompt positions whose logits the asking requests need, after those
             extra = [torch.arange(o, o + n) for _, _, o, n in prompt_rows]
             keep = torch.cat([keep, torch.cat(extra).to(self.device)])
-        out = self.model(input_ids=input_ids[None], position_ids=positions[None],
-                         logits_to_keep=keep, shoal_attn=meta, use_cache=False)
+        with cpu_fused.active(self.fused.ops):
+            out = self.model(input_ids=input_ids[None], position_ids=positions[None],
+                             logits_to_keep=keep, shoal_attn=meta, use_cache=False)
         result = ModelRunnerOutput()
         if prompt_rows:
             self._gather_prompt_logprobs(prompt_rows, out.logits[0, n_sample_keep:])

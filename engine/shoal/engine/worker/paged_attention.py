@@ -3,7 +3,8 @@
 transformers' attention layers call `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`
 with (module, query, key, value, mask, scaling, **kwargs). We register "shoal_paged" there and
 select it on the loaded model, so the model classes stay transformers' own: projections, RoPE,
-norms and MLPs are theirs; only "where K/V live and which keys each query sees" is ours.
+norms and MLPs are theirs (on the CPU, cpu_linear.py and cpu_fused.py run checked equivalents);
+only "where K/V live and which keys each query sees" is ours.
 
 The batch is packed: one sequence of shape [1, T] holding every scheduled token of every
 request, with per-token positions. Per-step metadata (`PagedAttentionMetadata`, built once and
