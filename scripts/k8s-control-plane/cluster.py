@@ -189,9 +189,11 @@ class Cluster:
         for archive in archives.values():
             if not archive.is_file():
                 raise ClusterError(f"image archive {archive} missing (build it first)")
-        todo = {n.name: [w for w, a in archives.items()
-                         if cluster_images.needs_import(n.sock, n.store, a, w)]
-                for n in self.nodes}
+        todo = {}
+        for n in self.nodes:
+            held = cluster_images.node_images(n.sock)
+            todo[n.name] = [w for w, a in archives.items()
+                            if cluster_images.needs_import(held, n.store, a, w)]
         check_disk(sum(archives[w].stat().st_size for ws in todo.values() for w in ws))
         errors: list[str] = []
 

@@ -235,13 +235,13 @@ def node_images(sock: Path) -> set[str]:
     return set(out.decode().split())
 
 
-def needs_import(sock: Path, store: Path, archive: Path, what: str) -> bool:
-    """False when this node already imported this very archive and still holds its image (a
-    kubelet under disk pressure deletes unused images, marker or not)."""
+def needs_import(held: set[str], store: Path, archive: Path, what: str) -> bool:
+    """False when this node already imported this very archive and still holds its image
+    (`held`: node_images; a kubelet under disk pressure deletes unused images, marker or not)."""
     marker = store / "loaded" / what
     if not (marker.is_file() and marker.read_text() == archive.name):
         return True
-    if TAGS[what] in node_images(sock):
+    if TAGS[what] in held:
         return False
     log(f"{store.name}: {TAGS[what]} was imported before but is gone (the kubelet deletes "
         "unused images when the disk runs short); importing it again")

@@ -64,10 +64,11 @@ class FusedOps:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._rms = ctypes.CDLL(str(path)).rms_norm_f32
+        lib = ctypes.CDLL(str(path))
+        self._rms = lib.rms_norm_f32
         self._rms.restype = ctypes.c_int
         self._rms.argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _I64, _I64, _F32]
-        self._rope = ctypes.CDLL(str(path)).rope_f32
+        self._rope = lib.rope_f32
         self._rope.restype = ctypes.c_int
         self._rope.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         self._rows = RowSplitter("fused-ops", min_rows_per_thread=1)
