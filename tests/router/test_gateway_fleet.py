@@ -240,6 +240,7 @@ def _die_before_output(gw, engines, g: int, send) -> dict:
     assert gw.metrics()["shoal_router_retries_total"] == retries + 1
     assert engine_successes(other) == before + sent  # the stuck one was served there too
     assert f"engine alpha group {g} failed" in gw.log()
+    assert f"; retrying on engine alpha group {1 - g}" in gw.log()  # the retry is logged too
     victim.wait_exit(30)
     return out
 

@@ -162,8 +162,9 @@ class Proxy:
                 others = self.picker.why_none(exclude=run.tried, only=only)
                 why = "; ".join(x for x in (*run.failures, others) if x)
                 return error_response(503, no_group_message(why), "ServiceUnavailableError")
-            if run.tried:
-                self.metrics.retries.inc()
+            if run.tried:  # one line per retry: the group's own failure line comes only once
+                self.metrics.retries.inc()  # per failure, and its health check may log it first
+                logger.info("%s: %s; retrying on %s", path, run.failures[-1], group.name)
             run.tried.add(group.key)
             self._start(group)
             try:
