@@ -100,7 +100,61 @@ def test_rope_equals_rotate_half_with_the_layout_transformers_hands_over(ops, ro
         if rot_dim == head_dim:  # torch's elementwise output keeps the input's layout; so do we
             assert g.stride() == w.stride()
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-    assert ops.rope(q.bfloat16(), k.bfloat16(), cos, sin) is None  # the caller runs the original
+    # Mixed dtypes (bf16 q/k, float32 cos/sin) promote in torch: the caller runs the original.
+    assert ops.rope(q.bfloat16(), k.bfloat16(), cos, sin) is None
+
+
+@pytest.mark.parametrize("rot_dim", [16, 8])
+def test_bf16_rope_gives_torchs_bits(ops, rot_dim):
+    """In bf16 each product and the sum are rounded where torch's bf16 ops round them."""
+    from transformers.models.phi3 import modeling_phi3
+
+    tokens, head_dim = 301, 16
+    q = randn(1, tokens, 4 * head_dim).bfloat16().view(1, tokens, 4, head_dim).transpose(1, 2)
+    k = randn(1, tokens, 2 * head_dim).bfloat16().view(1, tokens, 2, head_dim).transpose(1, 2)
+    cos, sin = randn(1, tokens, rot_dim).bfloat16(), randn(1, tokens, rot_dim).bfloat16()
+    reference = (modeling_llama.apply_rotary_pos_emb if rot_dim == head_dim
+                 else modeling_phi3.apply_rotary_pos_emb)
+    for w, g in zip(reference(q, k, cos, sin), ops.rope(q, k, cos, sin), strict=True):
+        assert g.dtype == torch.bfloat16 and torch.equal(g, w)
+
+
+def _bf16_norm(cls, width=256):
+    norm = cls(width, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(randn(width))
+    return norm.bfloat16()
+
+
+@pytest.mark.parametrize("name, offset, twice", [
+    ("llama", 0.0, True),  # w * x_hat.to(bf16): two roundings
+    ("gemma2", 1.0, False),  # ((1 + w.float()) * x_hat).type_as(x): one
+    ("olmo2", 0.0, False)])  # (w * x_hat).to(bf16): one
+def test_bf16_norms_take_the_rounding_their_model_uses(name, offset, twice):
+    from transformers.models.olmo2 import modeling_olmo2
+
+    cls = {"llama": modeling_llama.LlamaRMSNorm, "gemma2": modeling_gemma2.Gemma2RMSNorm,
+           "olmo2": modeling_olmo2.Olmo2RMSNorm}[name]
+    model = nn.ModuleDict({"norm": _bf16_norm(cls)})
+    orig = model["norm"]
+    fused = cpu_fused.fuse(model)
+    got = model["norm"]
+    assert fused.norms == 1 and (got.w_offset, got.round_twice) == (offset, twice)
+    x = (3 * randn(1, 2000, 256)).bfloat16()
+    want, out = orig(x), got(x)
+    assert cpu_fused.same_values(out, want)
+    assert (out == want).float().mean().item() > 0.999  # torch's bits, but for rare elements
+    other = cpu_fused.FusedRMSNorm(orig, got.ops, offset, got.eps, not twice)(x)
+    assert not cpu_fused.same_values(other, want)  # rounding elsewhere is told apart
+
+
+def test_bf16_mlp_in_place_is_the_original():
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=48, hidden_act="silu")
+    model = nn.ModuleDict({"mlp": modeling_llama.LlamaMLP(cfg).bfloat16()})
+    x = randn(1, 6, 32).bfloat16()
+    want = model["mlp"](x)
+    assert cpu_fused.fuse(model).mlps == 1
+    assert torch.equal(model["mlp"](x), want)
 
 
 def test_mlp_in_place_equals_the_original_and_only_silu_gated_mlps_are_taken():
@@ -191,18 +245,19 @@ def test_a_rotary_function_of_another_form_stays_the_original(ops):
         [dispatch])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_engine_logs_which_paths_run_and_answers_alike_with_and_without_them(
-        make_llm, tiny_model, monkeypatch, caplog):
+        make_llm, tiny_model, monkeypatch, caplog, dtype):
     params = wire.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 6, 7], list(range(100, 160))]
     caplog.set_level(logging.INFO, logger="shoal.engine.worker.model_runner")
-    fast = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    fast = make_llm(tiny_model, dtype=dtype, max_model_len=256)
     runner = fast.engine_core.model_executor.worker.model_runner
     assert (runner.fused.norms, runner.fused.mlps) == (9, 4)  # 2 per layer + final; 4 layers
     assert "norms and activations: fused RMSNorm (9) and SiLU-gated MLP (4) layers" in caplog.text
     assert "rotary embedding: fused (modeling_llama)" in caplog.text
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
     monkeypatch.setenv(cpu_fused.DISABLE_ENV, "0")
-    plain = make_llm(tiny_model, dtype="float32", max_model_len=256)
+    plain = make_llm(tiny_model, dtype=dtype, max_model_len=256)
     assert plain.engine_core.model_executor.worker.model_runner.fused.ops is None
     assert [o.outputs[0].token_ids for o in plain.generate(prompts, params)] == got

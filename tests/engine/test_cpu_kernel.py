@@ -45,12 +45,15 @@ def reference(q, k_cache, v_cache, table, ctx, scale, window=None, softcap=None,
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-# Up to 64 query heads the kernel walks every KV head of a block together; 72 takes its per-head path.
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4), (72, 8)])
+# Up to 64 query heads the kernel walks every KV head of a block together (its query heads per
+# KV head: 1, 2 and 4 compiled for, 3 not); 72 takes its per-head path.
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4), (72, 8), (48, 16)])
+# Head sizes that are not a multiple of 16 take the per-head path too.
+@pytest.mark.parametrize("d", [64, 40])
 def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, num_heads,
-                                                           num_kv_heads):
+                                                           num_kv_heads, d):
     gen = torch.Generator().manual_seed(0)
-    num_blocks, bs, d = 64, 16, 64
+    num_blocks, bs = 64, 16
     k_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, bs, num_kv_heads, d, generator=gen).to(dtype)
     ctx = torch.tensor([1, 15, 16, 17, 100, 160])  # in a block, at and across block edges

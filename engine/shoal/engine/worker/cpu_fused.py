@@ -1,5 +1,5 @@
-"""Fused float32 norms, gated-MLP activations and rotary embeddings on the CPU, swapped in at
-load wherever a probe shows they compute what the model's own code computes.
+"""Fused norms, gated-MLP activations and rotary embeddings on the CPU (float32 and bfloat16),
+swapped in at load wherever a probe shows they compute what the model's own code computes.
 
 Why: after the linear layers (cpu_linear.py), a prefill step's largest cost was torch's eager
 elementwise ops, each writing a fresh [tokens, width] tensor: an RMSNorm is five of them (pow,
@@ -11,11 +11,14 @@ SiLU-gated MLP two more around its projections.
 - apply_rotary_pos_emb (rotate-half form, full or partial rotation) -> fused_ops.c, one output
   tensor for q and one for k, through a RopeDispatch (below).
 
-Which modules: every module whose class name ends in "RMSNorm" with a 1-d float32 weight and an
-eps, and every module with that MLP's attributes. Each is run once on a probe input beside its
-replacement (Llama-style `w * x_hat` and Gemma-style `(1 + w) * x_hat` are both tried for norms);
-a module is swapped only if the outputs agree to float32 rounding, so a variant this file does
-not know stays as transformers wrote it. Inputs the kernel does not take (another dtype, rows
+Which modules: every module whose class name ends in "RMSNorm" with a 1-d float32 or bfloat16
+weight and an eps, and every module with that MLP's attributes. Each is run once on a probe input
+in its own dtype beside its replacement (Llama-style `w * x_hat`, Gemma-style `(1 + w) * x_hat`
+and, in bf16, where the model rounds: NORM_VARIANTS); a module is swapped only if the outputs
+agree to the dtype's rounding (`same_values`), so a variant this file does not know stays as
+transformers wrote it. In bf16 the kernels round where transformers' bf16 code rounds, so their
+outputs are torch's bits (a norm's mean square, summed in another order, can move a rare element
+by one bf16 step). Inputs the kernel does not take (another dtype, rows
 that are not one stride apart) go to the original forward.
 
 RoPE is a module-level function of each transformers modeling module, called by name from the
@@ -59,31 +62,39 @@ MIN_FLOATS_PER_THREAD = 1 << 18
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 
+DTYPES = (torch.float32, torch.bfloat16)  # what the kernels take
+
+
 class FusedOps:
     """The compiled fused_ops.c."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
-        self._rms = lib.rms_norm_f32
-        self._rms.restype = ctypes.c_int
-        self._rms.argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _I64, _I64, _F32]
-        self._rope = lib.rope_f32
-        self._rope.restype = ctypes.c_int
-        self._rope.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
+        self._rms = {torch.float32: lib.rms_norm_f32, torch.bfloat16: lib.rms_norm_bf16}
+        self._rms[torch.float32].argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _I64, _I64, _F32]
+        self._rms[torch.bfloat16].argtypes = [_PTR, _I64, _PTR, _F32, ctypes.c_int, _PTR, _I64,
+                                              _I64, _F32]
+        self._rope = {torch.float32: lib.rope_f32, torch.bfloat16: lib.rope_bf16}
+        for fn in (*self._rms.values(), *self._rope.values()):
+            fn.restype = ctypes.c_int
+        for fn in self._rope.values():
+            fn.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
         self._rows = RowSplitter("fused-ops", min_rows_per_thread=1)
 
     def rms_norm(self, x2: torch.Tensor, weight: torch.Tensor, w_offset: float,
-                 eps: float) -> torch.Tensor:
-        """x2: [rows, hidden] float32 with unit stride along hidden -> a new contiguous tensor."""
+                 eps: float, round_twice: bool = True) -> torch.Tensor:
+        """x2: [rows, hidden] float32 or bfloat16 (weight alike) with unit stride along hidden ->
+        a new contiguous tensor. round_twice: bf16 only (fused_ops.c, rms_norm_bf16)."""
         rows, hidden = x2.shape
-        out = torch.empty(rows, hidden, dtype=torch.float32)
-        stride = x2.stride(0)
+        out = torch.empty(rows, hidden, dtype=x2.dtype)
+        stride, elem = x2.stride(0), x2.element_size()
+        fn = self._rms[x2.dtype]
+        extra = () if x2.dtype == torch.float32 else (int(round_twice),)
 
         def run(start: int, end: int) -> int:
-            return self._rms(x2.data_ptr() + start * stride * 4, stride, weight.data_ptr(),
-                             w_offset, out.data_ptr() + start * hidden * 4, end - start, hidden,
-                             eps)
+            return fn(x2.data_ptr() + start * stride * elem, stride, weight.data_ptr(), w_offset,
+                      *extra, out.data_ptr() + start * hidden * elem, end - start, hidden, eps)
 
         self._rows.run(run, rows, min_rows=max(1, MIN_FLOATS_PER_THREAD // hidden))
         return out
@@ -93,7 +104,7 @@ class FusedOps:
         """apply_rotary_pos_emb(q, k, cos, sin) for q/k [1, heads, tokens, head_dim] and cos/sin
         [1, tokens, rot_dim]; None for any other layout (the caller runs the original)."""
         if not (q.dim() == k.dim() == 4 and q.shape[0] == k.shape[0] == 1 and cos.dim() == 3
-                and q.dtype == k.dtype == cos.dtype == sin.dtype == torch.float32
+                and q.dtype == k.dtype == cos.dtype == sin.dtype and q.dtype in DTYPES
                 and cos.shape == sin.shape and cos.is_contiguous() and sin.is_contiguous()
                 and q.stride(-1) == k.stride(-1) == 1 and q.shape[-1] == k.shape[-1]
                 and q.shape[2] == k.shape[2] == cos.shape[1] and cos.shape[0] == 1
@@ -101,16 +112,17 @@ class FusedOps:
                 and q.device.type == "cpu"):
             return None
         tokens, head_dim, rot = q.shape[2], q.shape[-1], cos.shape[2]
-        outs = [torch.empty(1, tokens, x.shape[1], head_dim, dtype=torch.float32) for x in (q, k)]
+        outs = [torch.empty(1, tokens, x.shape[1], head_dim, dtype=q.dtype) for x in (q, k)]
+        fn, elem = self._rope[q.dtype], q.element_size()
 
         def run(start: int, end: int) -> int:
             rc = 0
             for x, out in zip((q, k), outs, strict=True):
                 heads = x.shape[1]
-                rc |= self._rope(x.data_ptr() + start * x.stride(2) * 4, x.stride(2), x.stride(1),
-                                 out.data_ptr() + start * heads * head_dim * 4, end - start, heads,
-                                 head_dim, cos.data_ptr() + start * rot * 4,
-                                 sin.data_ptr() + start * rot * 4, rot)
+                rc |= fn(x.data_ptr() + start * x.stride(2) * elem, x.stride(2), x.stride(1),
+                         out.data_ptr() + start * heads * head_dim * elem, end - start, heads,
+                         head_dim, cos.data_ptr() + start * rot * elem,
+                         sin.data_ptr() + start * rot * elem, rot)
             return rc
 
         width = (q.shape[1] + k.shape[1]) * head_dim
@@ -121,23 +133,25 @@ class FusedOps:
 class FusedRMSNorm(nn.Module):
     """An RMSNorm module's forward on fused_ops.c; the same weight Parameter."""
 
-    def __init__(self, orig: nn.Module, ops: FusedOps, w_offset: float, eps: float) -> None:
+    def __init__(self, orig: nn.Module, ops: FusedOps, w_offset: float, eps: float,
+                 round_twice: bool = True) -> None:
         super().__init__()
         self.weight = orig.weight
-        self.eps, self.w_offset, self.ops = eps, w_offset, ops
+        self.eps, self.w_offset, self.ops, self.round_twice = eps, w_offset, ops, round_twice
         self.replaces = type(orig).__name__
         object.__setattr__(self, "_orig_forward", orig.forward)  # not a submodule: no 2nd weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.weight.shape[0]
-        if (x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != hidden
-                or x.stride(-1) != 1 or self.weight.dtype != torch.float32):
+        if (x.dtype not in DTYPES or x.device.type != "cpu" or x.shape[-1] != hidden
+                or x.stride(-1) != 1 or self.weight.dtype != x.dtype):
             return self._orig_forward(x)
         try:
             x2 = x.view(-1, hidden)
         except RuntimeError:  # rows not one stride apart
             return self._orig_forward(x)
-        return self.ops.rms_norm(x2, self.weight, self.w_offset, self.eps).view(x.shape)
+        return self.ops.rms_norm(x2, self.weight, self.w_offset, self.eps,
+                                 self.round_twice).view(x.shape)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, fused {self.replaces}"
@@ -194,8 +208,7 @@ class RopeDispatch:
             return self.original(q, k, cos, sin, *args, **kwargs)
         if self.agrees is None:
             want = self.original(q, k, cos, sin, *args, **kwargs)
-            self.agrees = all(isinstance(w, torch.Tensor) and w.shape == g.shape
-                              and torch.allclose(g, w, rtol=1e-5, atol=1e-6)
+            self.agrees = all(isinstance(w, torch.Tensor) and same_values(g, w)
                               for w, g in zip(want, fused, strict=True))
             return want
         return fused
@@ -235,7 +248,7 @@ def _norm_eps(module: nn.Module) -> float | None:
     if isinstance(module, DistributedRMSNorm):  # its mean square is all-reduced across ranks
         return None
     if not (type(module).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor)
-            and w.dim() == 1 and w.dtype == torch.float32 and w.device.type == "cpu"):
+            and w.dim() == 1 and w.dtype in DTYPES and w.device.type == "cpu"):
         return None
     for attr in ("variance_epsilon", "eps"):
         eps = getattr(module, attr, None)
@@ -251,12 +264,25 @@ def _is_silu_mlp(module: nn.Module) -> bool:
             and type(act).__name__ in ("SiLU", "SiLUActivation"))
 
 
-def _agree(orig: nn.Module, new: nn.Module, width: int) -> bool:
-    x = torch.randn(1, 5, width, generator=torch.Generator().manual_seed(0))
+def same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to the dtype's rounding: float32 to 1e-5; bfloat16 at most one bf16 step
+    apart, and in at most 1% of the elements (a norm's mean square summed in another order
+    moves a rare rounding). Rounding once where the model rounds twice differs in about a
+    quarter of them, so this tells rounding variants apart."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if got.dtype != torch.bfloat16:
+        return torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    diff = (got.float() - want.float()).abs()
+    step = want.float().abs() * 2.0 ** -7 + 1e-30
+    return bool((diff <= step).all()) and (diff > 0).float().mean().item() <= 0.01
+
+
+def _agree(orig: nn.Module, new: nn.Module, width: int, dtype: torch.dtype) -> bool:
+    x = torch.randn(1, 5, width, generator=torch.Generator().manual_seed(0)).to(dtype)
     with torch.no_grad():
         want, got = orig(x), new(x)
-    return (isinstance(want, torch.Tensor) and want.shape == got.shape
-            and torch.allclose(got, want, rtol=1e-5, atol=1e-6))
+    return isinstance(want, torch.Tensor) and same_values(got, want)
 
 
 def load() -> tuple[FusedOps | None, str]:
@@ -280,6 +306,12 @@ class Fused:
     how: str = "torch's own ops"
 
 
+# (w_offset, round_twice), tried in this order: Llama's w * bf16(x_hat); Gemma's one rounding of
+# (1 + w) * x_hat; OLMo-2's one rounding of w * x_hat; (1 + w) * bf16(x_hat). float32 rounds
+# nothing, so there the first two tell w from 1 + w.
+NORM_VARIANTS = ((0.0, True), (1.0, False), (0.0, False), (1.0, True))
+
+
 def fuse(model: nn.Module) -> Fused:
     """Swap the model's provably equal norms and MLPs in place and put a RopeDispatch in front
     of its rotary function (checked on the first forward run under `active(ops)`)."""
@@ -287,18 +319,22 @@ def fuse(model: nn.Module) -> Fused:
     if ops is None:
         return Fused(how=f"torch's own ops ({why})")
     norms, mlps, kept = 0, 0, set()
+    # The model's dtype (packed linear layers hold no weight Parameter to ask).
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             new = None
             eps = _norm_eps(child)
             if eps is not None:
                 width = child.weight.shape[0]
-                new = next((n for n in (FusedRMSNorm(child, ops, off, eps) for off in (0.0, 1.0))
-                            if _agree(child, n, width)), None)
+                new = next((n for n in (FusedRMSNorm(child, ops, off, eps, twice)
+                                        for off, twice in NORM_VARIANTS)
+                            if _agree(child, n, width, child.weight.dtype)), None)
             elif _is_silu_mlp(child):
                 width = getattr(child.gate_proj, "in_features", None)
                 cand = FusedSiluMLP(child)
-                new = cand if width and _agree(child, cand, width) else None
+                new = (cand if width and dtype in DTYPES and _agree(child, cand, width, dtype)
+                       else None)
             else:
                 continue
             if new is None:

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 int rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restrict w,
                  float w_offset, float *restrict out, int64_t rows, int64_t hidden, float eps) {
@@ -42,6 +43,67 @@ int rope_f32(const float *restrict x, int64_t tok_stride, int64_t head_stride,
                 o[i] = v[i] * c[i] - v[i + half] * s[i];
             for (int64_t i = 0; i < half; i++)
                 o[i + half] = v[i + half] * c[i + half] + v[i] * s[i + half];
+            for (int64_t i = rot_dim; i < head_dim; i++)
+                o[i] = v[i];
+        }
+    }
+    return 0;
+}
+
+/* bfloat16: the same ops on bf16 tensors, computed in float32 and rounded to bf16 (round to
+ * nearest even) exactly where transformers' own bf16 code rounds, so each result is the bf16
+ * value torch's eager ops give (the norm's mean square may be summed in another order: a rare
+ * element then lands one bf16 step away).
+ *
+ * rms_norm_bf16: round_twice = 1 is Llama's `w * x_hat.to(bf16)` (x_hat rounded, then the
+ * product); 0 is Gemma's `(x_hat * (1 + w.float())).type_as(x)` and OLMo-2's `(w * x_hat).to()`
+ * (one rounding at the end). */
+static inline float bf(uint16_t x) {
+    uint32_t u = ((uint32_t)x) << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t to_bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static inline float round_bf(float f) { return bf(to_bf(f)); }
+
+int rms_norm_bf16(const uint16_t *restrict x, int64_t x_stride, const uint16_t *restrict w,
+                  float w_offset, int round_twice, uint16_t *restrict out, int64_t rows,
+                  int64_t hidden, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * x_stride;
+        uint16_t *o = out + r * hidden;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < hidden; i++)
+            ss += bf(xr[i]) * bf(xr[i]);
+        const float inv = 1.0f / sqrtf(ss / (float)hidden + eps);
+        if (round_twice)
+            for (int64_t i = 0; i < hidden; i++)
+                o[i] = to_bf((bf(w[i]) + w_offset) * round_bf(bf(xr[i]) * inv));
+        else
+            for (int64_t i = 0; i < hidden; i++)
+                o[i] = to_bf((bf(w[i]) + w_offset) * (bf(xr[i]) * inv));
+    }
+    return 0;
+}
+
+/* rope_bf16: rope_f32's layout with bf16 q/k and cos/sin; each product and the sum rounded to
+ * bf16 as torch's bf16 `x * cos + rotate_half(x) * sin` rounds them. */
+int rope_bf16(const uint16_t *restrict x, int64_t tok_stride, int64_t head_stride,
+              uint16_t *restrict out, int64_t tokens, int64_t heads, int64_t head_dim,
+              const uint16_t *restrict cos_, const uint16_t *restrict sin_, int64_t rot_dim) {
+    const int64_t half = rot_dim / 2;
+    for (int64_t t = 0; t < tokens; t++) {
+        const uint16_t *c = cos_ + t * rot_dim, *s = sin_ + t * rot_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *v = x + t * tok_stride + h * head_stride;
+            uint16_t *o = out + (t * heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i++)
+                o[i] = to_bf(round_bf(bf(v[i]) * bf(c[i])) - round_bf(bf(v[i + half]) * bf(s[i])));
+            for (int64_t i = 0; i < half; i++)
+                o[i + half] = to_bf(round_bf(bf(v[i + half]) * bf(c[i + half]))
+                                    + round_bf(bf(v[i]) * bf(s[i + half])));
             for (int64_t i = rot_dim; i < head_dim; i++)
                 o[i] = v[i];
         }

@@ -122,6 +122,7 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.packed_linears, how = cpu_linear.pack_linears(self.model)
             log.info("linear layers: %s", how)
+        if self.device.type == "cpu" and self.dtype in cpu_fused.DTYPES:
             self.fused = cpu_fused.fuse(self.model)
             log.info("norms and activations: %s", self.fused.how)
         # The cache's geometry is what the layers really produce (this rank's heads under TP).

@@ -38,13 +38,25 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-// Eight floats as one value (GCC/Clang vector extension: one AVX register where the CPU has AVX,
-// split by the compiler elsewhere); the blockwise path uses it when D is a multiple of 8.
-typedef float v8f __attribute__((vector_size(32)));
-static inline v8f ld8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
-static inline void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-static inline float hsum8(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+// Sixteen floats as one value (GCC/Clang vector extensions): one AVX-512 register where the CPU
+// has AVX-512 (-march=native), two AVX registers on AVX2, split further elsewhere. bf16 loads
+// widen sixteen values at once (zero-extend, shift: exact).
+typedef float vf16 __attribute__((vector_size(64)));
+typedef float vf8 __attribute__((vector_size(32)));
+typedef uint16_t vh16 __attribute__((vector_size(32)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+static inline vf16 ldf16(const float *p) { vf16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void stf16(float *p, vf16 v) { memcpy(p, &v, sizeof v); }
+static inline vf16 ld16(const void *base, int is_bf16, int64_t off) {
+    if (!is_bf16) return ldf16((const float *)base + off);
+    vh16 h; memcpy(&h, (const uint16_t *)base + off, sizeof h);
+    vu16 u = __builtin_convertvector(h, vu16) << 16;
+    vf16 f; memcpy(&f, &u, sizeof f); return f;
+}
+static inline float hsum16(vf16 v) {
+    vf8 lo, hi; memcpy(&lo, &v, sizeof lo); memcpy(&hi, (const char *)&v + 32, sizeof hi);
+    vf8 x = lo + hi;
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
 // exp for x <= 0 (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp), written
@@ -117,15 +129,16 @@ static inline void finish_heads(void *out, int is_bf16, int64_t off, int64_t cou
     }
 }
 
-// ----- the main path: every KV head of a block at once -----------------------------------------
+// ----- the main path: every KV head of a block at once, sixteen dims at a time ------------------
 // A block's K (and V) rows of all KV heads lie contiguously ([BS, Hkv, D]): walking them in that
 // order streams each block once, where a head at a time strides through it Hkv times. The next
 // block is prefetched while this one is computed: blocks lie anywhere in the cache, so the
-// hardware prefetcher cannot guess them, and a call mostly waits on memory. Measured in the
-// engine (tiny model, 200 rows, two threads, 2026-11-30, alternating runs): 15.5-18.1 ms of
-// kernel per step against 22.8-23.6 ms for the head-at-a-time walk, which stays for more than
-// MAXH query heads.
-#define MAXH 64  // query heads this path handles; more take the per-head path below
+// hardware prefetcher cannot guess them. The G query heads of a KV head keep their partial
+// sums in registers (G is a compile-time constant for G = 1, 2, 4, 8: `walk` is inlined once per
+// case), each K/V vector is widened once for all G of them, and a block's V sum runs two
+// accumulators per head (even and odd tokens) so the adds do not wait on each other. Used when
+// D is a multiple of 16 and Hq <= MAXH; the per-head path below takes the rest.
+#define MAXH 64
 
 static void prefetch_block(const void *kc, const void *vc, int64_t block, int64_t bytes) {
     const char *k = (const char *)kc + block * bytes, *v = (const char *)vc + block * bytes;
@@ -135,21 +148,62 @@ static void prefetch_block(const void *kc, const void *vc, int64_t block, int64_
     }
 }
 
-static const float *row_f32(const void *cache, int is_bf16, int64_t off, int64_t D, float *buf) {
-    if (!is_bf16) return (const float *)cache + off;
-    const uint16_t *p = (const uint16_t *)cache + off;
-    for (int64_t d = 0; d < D; d++) buf[d] = bf16_to_f32(p[d]);
-    return buf;
+// Scores of one block's cnt tokens for every query head: s[hq][t] = q[hq] . k[t] (soft-capped).
+static inline __attribute__((always_inline)) void block_scores(
+        const void *kc, int is_bf16, int64_t base, int64_t cnt, int64_t Hkv, int64_t D,
+        int64_t G, float qf[][MAXD], float softcap, float s[][MAXBS]) {
+    for (int64_t t = 0; t < cnt; t++)
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t off = base + (t * Hkv + h) * D;
+            vf16 a[MAXG];
+            for (int64_t g = 0; g < G; g++) a[g] = (vf16){0};
+            for (int64_t d = 0; d < D; d += 16) {
+                vf16 k = ld16(kc, is_bf16, off + d);
+                for (int64_t g = 0; g < G; g++) a[g] += ldf16(qf[h * G + g] + d) * k;
+            }
+            for (int64_t g = 0; g < G; g++) {
+                float x = hsum16(a[g]);
+                if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                s[h * G + g][t] = x;
+            }
+        }
 }
 
-static void decode_blockwise(const void *q, const void *kc, const void *vc, const int64_t *table,
-                             const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv,
-                             int64_t D, int64_t BS, int64_t W, int64_t window, float scale,
-                             float softcap, const float *sinks, int is_bf16) {
-    int64_t G = Hq / Hkv, block_bytes = BS * Hkv * D * (is_bf16 ? 2 : 4);
-    int vec = D % 8 == 0;
-    static __thread float qf[MAXH][MAXD], acc[MAXH][MAXD];
-    float m[MAXH], l[MAXH], s[MAXH][MAXBS], buf[MAXD];
+// acc[hq] = acc[hq] * c[hq] + sum_t p[hq][t] * v[t] for one block (p in s).
+static inline __attribute__((always_inline)) void block_values(
+        const void *vc, int is_bf16, int64_t base, int64_t cnt, int64_t Hkv, int64_t D,
+        int64_t G, float s[][MAXBS], const float *c, float acc[][MAXD]) {
+    for (int64_t h = 0; h < Hkv; h++)
+        for (int64_t d = 0; d < D; d += 16) {
+            vf16 a[MAXG], b[MAXG];
+            for (int64_t g = 0; g < G; g++) {
+                a[g] = ldf16(acc[h * G + g] + d) * c[h * G + g];
+                b[g] = (vf16){0};
+            }
+            int64_t t = 0;
+            for (; t + 1 < cnt; t += 2) {
+                vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
+                vf16 v1 = ld16(vc, is_bf16, base + ((t + 1) * Hkv + h) * D + d);
+                for (int64_t g = 0; g < G; g++) {
+                    a[g] += s[h * G + g][t] * v0;
+                    b[g] += s[h * G + g][t + 1] * v1;
+                }
+            }
+            if (t < cnt) {
+                vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
+                for (int64_t g = 0; g < G; g++) a[g] += s[h * G + g][t] * v0;
+            }
+            for (int64_t g = 0; g < G; g++) stf16(acc[h * G + g] + d, a[g] + b[g]);
+        }
+}
+
+static inline __attribute__((always_inline)) void walk(
+        const void *q, const void *kc, const void *vc, const int64_t *table, const int64_t *ctx,
+        void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
+        int64_t window, float scale, float softcap, const float *sinks, int is_bf16, int64_t G) {
+    int64_t block_bytes = BS * Hkv * D * (is_bf16 ? 2 : 4);
+    static __thread float qf[MAXH][MAXD], acc[MAXH][MAXD], s[MAXH][MAXBS];
+    float m[MAXH], l[MAXH], c[MAXH];
     for (int64_t r = 0; r < R; r++) {
         int64_t n = ctx[r];
         int64_t first = window > 0 && n > window ? n - window : 0;  // first key the row sees
@@ -163,61 +217,55 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
                 int64_t n1 = ctx[r + 1], f1 = window > 0 && n1 > window ? n1 - window : 0;
                 prefetch_block(kc, vc, table[(r + 1) * W + f1 / BS], block_bytes);
             }
-            for (int64_t t = 0; t < cnt; t++)
-                for (int64_t h = 0; h < Hkv; h++) {
-                    const float *k = row_f32(kc, is_bf16, base + (t * Hkv + h) * D, D, buf);
-                    for (int64_t g = 0; g < G; g++) {
-                        const float *qq = qf[h * G + g];
-                        float x = 0.f;
-                        if (vec) {
-                            v8f a = {0};
-                            for (int64_t d = 0; d < D; d += 8) a += ld8(qq + d) * ld8(k + d);
-                            x = hsum8(a);
-                        } else {
-                            for (int64_t d = 0; d < D; d++) x += qq[d] * k[d];
-                        }
-                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-                        s[h * G + g][t] = x;
-                    }
-                }
+            block_scores(kc, is_bf16, base, cnt, Hkv, D, G, qf, softcap, s);
             for (int64_t hq = 0; hq < Hq; hq++) {  // online softmax, block by block
                 float bm = -3.0e38f;
                 for (int64_t t = 0; t < cnt; t++) bm = s[hq][t] > bm ? s[hq][t] : bm;
-                float nm = bm > m[hq] ? bm : m[hq];
-                float c = exp_le0(m[hq] - nm), sum = 0.f;
+                float nm = bm > m[hq] ? bm : m[hq], sum = 0.f;
+                c[hq] = exp_le0(m[hq] - nm);
                 for (int64_t t = 0; t < cnt; t++) {
                     s[hq][t] = exp_le0(s[hq][t] - nm);
                     sum += s[hq][t];
                 }
-                l[hq] = l[hq] * c + sum;
+                l[hq] = l[hq] * c[hq] + sum;
                 m[hq] = nm;
-                for (int64_t d = 0; d < D; d++) acc[hq][d] *= c;
             }
-            for (int64_t t = 0; t < cnt; t++)
-                for (int64_t h = 0; h < Hkv; h++) {
-                    const float *v = row_f32(vc, is_bf16, base + (t * Hkv + h) * D, D, buf);
-                    for (int64_t g = 0; g < G; g++) {
-                        float p = s[h * G + g][t], *a = acc[h * G + g];
-                        if (vec) {
-                            for (int64_t d = 0; d < D; d += 8)
-                                st8(a + d, ld8(a + d) + p * ld8(v + d));
-                        } else {
-                            for (int64_t d = 0; d < D; d++) a[d] += p * v[d];
-                        }
-                    }
-                }
+            block_values(vc, is_bf16, base, cnt, Hkv, D, G, s, c, acc);
         }
         finish_heads(out, is_bf16, r * Hq * D, Hq, D, sinks, acc, m, l);
     }
 }
 
-// ----- the entry point; below the dispatch, the per-head path (more than MAXH query heads) ------
+#define WALK(BF, GG) walk(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale, \
+                          softcap, sinks, BF, GG)
+
+static void decode_blockwise(const void *q, const void *kc, const void *vc, const int64_t *table,
+                             const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv,
+                             int64_t D, int64_t BS, int64_t W, int64_t window, float scale,
+                             float softcap, const float *sinks, int is_bf16) {
+    int64_t G = Hq / Hkv;
+    switch (G * 2 + (is_bf16 != 0)) {
+        case 2: WALK(0, 1); break;
+        case 3: WALK(1, 1); break;
+        case 4: WALK(0, 2); break;
+        case 5: WALK(1, 2); break;
+        case 8: WALK(0, 4); break;
+        case 9: WALK(1, 4); break;
+        case 16: WALK(0, 8); break;
+        case 17: WALK(1, 8); break;
+        default:
+            if (is_bf16) WALK(1, G); else WALK(0, G);
+    }
+}
+
+// ----- the entry point; below the dispatch, the per-head path (more than MAXH query heads, or a --
+// head size that is not a multiple of 16)
 int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
                  const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
                  int64_t BS, int64_t W, int64_t window, float scale, float softcap,
                  const float *sinks, int is_bf16) {
     if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
-    if (Hq <= MAXH) {
+    if (Hq <= MAXH && D % 16 == 0) {
         decode_blockwise(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale,
                          softcap, sinks, is_bf16);
         return 0;

@@ -23,10 +23,13 @@ class RowSplitter:
         threads = min(torch.get_num_threads(), rows // (min_rows or self.min_rows))
         if threads <= 1:
             return fn(0, rows)
-        if self._size < threads:
+        if self._size < threads - 1:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix=self.name)
-            self._size = threads
+            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix=self.name)
+            self._size = threads - 1
         bounds = [rows * i // threads for i in range(threads + 1)]
-        return min(self._pool.map(fn, bounds[:-1], bounds[1:]))
+        # The first range runs on the calling thread: one hand-off fewer per call.
+        others = [self._pool.submit(fn, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+        first = fn(bounds[0], bounds[1])
+        return min([first] + [f.result() for f in others])
