@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="load runs per server start")
     ap.add_argument("--rounds", type=int, default=1, help="shoal, vLLM alternations per model")
     ap.add_argument("--shoal-threads", type=int, default=None,
-                    help="shoal's --num-threads (default: not passed, torch's one per core, as "
+                    help="shoal's --num-threads (default: not passed, shoal's own default, as "
                          "vLLM runs with its own defaults)")
     ap.add_argument("--vllm-dtype", default=None,
                     help="vLLM's --dtype (default: not passed, its auto), e.g. float32 to compare "

@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
                      help="use exactly this many KV blocks instead of sizing from the budget")
     eng.add_argument("--num-threads", type=int, default=None,
-                     help="torch threads of the engine process (default: torch's, i.e. "
-                          "$OMP_NUM_THREADS or one per core); 1 is faster on a busy machine")
+                     help="torch threads of each engine rank (default: the CPUs this process "
+                          "may use (affinity, cgroup CPU limit), less one for the API server "
+                          "unless --headless, split over this node's ranks)")
     eng.add_argument("--max-logprobs", type=int, default=20,
                      help="most logprobs (alternatives per token) a request's logprobs, "
                           "top_logprobs or prompt_logprobs may ask for")
@@ -200,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return _config_error(str(exc), Cause.MODEL_NOT_FOUND
                              if isinstance(exc, ModelNotFoundError) else Cause.CONFIG_ERROR)
+    if config.num_threads is None:  # a headless rank has no API server beside it
+        import dataclasses
+
+        from shoal.engine.cpus import engine_threads
+
+        config = dataclasses.replace(config, num_threads=engine_threads(
+            len(config.local_ranks()), api_server_here=not args.headless))
     if args.headless:
         from shoal.engine.executor.headless import run_headless
 

@@ -28,6 +28,7 @@ import traceback
 import msgspec
 import zmq
 from shoal.engine.core.sched_output import SchedulerOutput
+from shoal.engine.cpus import engine_threads
 from shoal.engine.executor import procs
 from shoal.engine.executor.broadcast import BroadcastHandle, StepReceiver
 from shoal.engine.executor.rank_wire import (
@@ -75,11 +76,11 @@ class WorkerProcSpec(msgspec.Struct, forbid_unknown_fields=True):
 def local_worker_specs(config, broadcast: BroadcastHandle, reply_address: str,
                        dist_init_method: str) -> list[WorkerProcSpec]:
     """The specs of this node's workers (config.node_rank), children of this process. Each
-    takes cores / local ranks torch threads unless config.num_threads says otherwise."""
+    takes usable CPUs / local ranks torch threads unless config.num_threads says otherwise."""
     import dataclasses
 
     ranks = list(config.local_ranks())
-    threads = config.num_threads or max(1, (os.cpu_count() or 1) // len(ranks))
+    threads = config.num_threads or engine_threads(len(ranks), api_server_here=False)
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
               if f.name not in ("architectures", "model_max_len")}  # derived: recomputed
     return [WorkerProcSpec(config=fields, rank=rank, local_reader=reader,

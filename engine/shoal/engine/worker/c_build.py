@@ -18,9 +18,10 @@ from pathlib import Path
 
 # Reassociation lets the compiler vectorise the sums and dot products; no -ffinite-math-only
 # (the kernels keep every value finite, but the fallback-free contract is not worth a fast-math
-# surprise).
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-shared", "-fPIC"]
+# surprise). GCC drops -fassociative-math ("disabled; other options take precedence") unless
+# -fno-signed-zeros and -fno-trapping-math come before it.
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-signed-zeros", "-fno-trapping-math",
+         "-fassociative-math", "-shared", "-fPIC"]
 
 
 def cpu_flags() -> str:

@@ -42,7 +42,6 @@ static inline uint16_t f32_to_bf16(float f) {
 // has AVX-512 (-march=native), two AVX registers on AVX2, split further elsewhere. bf16 loads
 // widen sixteen values at once (zero-extend, shift: exact).
 typedef float vf16 __attribute__((vector_size(64)));
-typedef float vf8 __attribute__((vector_size(32)));
 typedef uint16_t vh16 __attribute__((vector_size(32)));
 typedef uint32_t vu16 __attribute__((vector_size(64)));
 static inline vf16 ldf16(const float *p) { vf16 v; memcpy(&v, p, sizeof v); return v; }
@@ -53,10 +52,21 @@ static inline vf16 ld16(const void *base, int is_bf16, int64_t off) {
     vu16 u = __builtin_convertvector(h, vu16) << 16;
     vf16 f; memcpy(&f, &u, sizeof f); return f;
 }
+// Lane permutations: clang spells them __builtin_shufflevector, GCC (any version) __builtin_shuffle.
+typedef int32_t vi16 __attribute__((vector_size(64)));
+#ifdef __clang__
+#define SWZ(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define SWZ(v, ...) __builtin_shuffle(v, (vi16){__VA_ARGS__})
+#endif
+// The sum of the sixteen lanes, in registers (four swaps and adds; splitting the vector through
+// memory cost a store-to-load stall per call, and hsum ran once per token and query head).
 static inline float hsum16(vf16 v) {
-    vf8 lo, hi; memcpy(&lo, &v, sizeof lo); memcpy(&hi, (const char *)&v + 32, sizeof hi);
-    vf8 x = lo + hi;
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+    v += SWZ(v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += SWZ(v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += SWZ(v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += SWZ(v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
 }
 
 // exp for x <= 0 (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp), written
@@ -133,11 +143,9 @@ static inline void finish_heads(void *out, int is_bf16, int64_t off, int64_t cou
 // A block's K (and V) rows of all KV heads lie contiguously ([BS, Hkv, D]): walking them in that
 // order streams each block once, where a head at a time strides through it Hkv times. The next
 // block is prefetched while this one is computed: blocks lie anywhere in the cache, so the
-// hardware prefetcher cannot guess them. The G query heads of a KV head keep their partial
-// sums in registers (G is a compile-time constant for G = 1, 2, 4, 8: `walk` is inlined once per
-// case), each K/V vector is widened once for all G of them, and a block's V sum runs two
-// accumulators per head (even and odd tokens) so the adds do not wait on each other. Used when
-// D is a multiple of 16 and Hq <= MAXH; the per-head path below takes the rest.
+// hardware prefetcher cannot guess them. The G query heads of a KV head are taken in runs of
+// 8, 4, 2 and 1 whose partial sums stay in registers, each K/V vector widened once per run.
+// Used when D is a multiple of 16 and Hq <= MAXH; the per-head path below takes the rest.
 #define MAXH 64
 
 static void prefetch_block(const void *kc, const void *vc, int64_t block, int64_t bytes) {
@@ -148,61 +156,78 @@ static void prefetch_block(const void *kc, const void *vc, int64_t block, int64_
     }
 }
 
-// Scores of one block's cnt tokens for every query head: s[hq][t] = q[hq] . k[t] (soft-capped).
-static inline __attribute__((always_inline)) void block_scores(
+// Scores of one block's cnt tokens for query heads hq0 .. hq0 + n - 1 (all on KV head h):
+// s[hq][t] = q[hq] . k[t], soft-capped. n is a constant at each call site (8, 4, 2 or 1), so
+// the n partial sums live in registers.
+static inline __attribute__((always_inline)) void scores_n(
         const void *kc, int is_bf16, int64_t base, int64_t cnt, int64_t Hkv, int64_t D,
-        int64_t G, float qf[][MAXD], float softcap, float s[][MAXBS]) {
-    for (int64_t t = 0; t < cnt; t++)
-        for (int64_t h = 0; h < Hkv; h++) {
-            int64_t off = base + (t * Hkv + h) * D;
-            vf16 a[MAXG];
-            for (int64_t g = 0; g < G; g++) a[g] = (vf16){0};
-            for (int64_t d = 0; d < D; d += 16) {
-                vf16 k = ld16(kc, is_bf16, off + d);
-                for (int64_t g = 0; g < G; g++) a[g] += ldf16(qf[h * G + g] + d) * k;
-            }
-            for (int64_t g = 0; g < G; g++) {
-                float x = hsum16(a[g]);
-                if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-                s[h * G + g][t] = x;
-            }
+        int64_t h, int64_t hq0, int64_t n, float qf[][MAXD], float softcap, float s[][MAXBS]) {
+    for (int64_t t = 0; t < cnt; t++) {
+        int64_t off = base + (t * Hkv + h) * D;
+        vf16 a[8];
+        for (int64_t i = 0; i < n; i++) a[i] = (vf16){0};
+        for (int64_t d = 0; d < D; d += 16) {
+            vf16 k = ld16(kc, is_bf16, off + d);
+            for (int64_t i = 0; i < n; i++) a[i] += ldf16(qf[hq0 + i] + d) * k;
         }
+        for (int64_t i = 0; i < n; i++) {
+            float x = hsum16(a[i]);
+            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+            s[hq0 + i][t] = x;
+        }
+    }
 }
 
-// acc[hq] = acc[hq] * c[hq] + sum_t p[hq][t] * v[t] for one block (p in s).
-static inline __attribute__((always_inline)) void block_values(
+// acc[hq] = acc[hq] * c[hq] + sum_t p[hq][t] * v[t] over one block, for the same n heads; two
+// accumulators per head (even and odd tokens) so the adds do not wait on each other.
+static inline __attribute__((always_inline)) void values_n(
         const void *vc, int is_bf16, int64_t base, int64_t cnt, int64_t Hkv, int64_t D,
-        int64_t G, float s[][MAXBS], const float *c, float acc[][MAXD]) {
-    for (int64_t h = 0; h < Hkv; h++)
-        for (int64_t d = 0; d < D; d += 16) {
-            vf16 a[MAXG], b[MAXG];
-            for (int64_t g = 0; g < G; g++) {
-                a[g] = ldf16(acc[h * G + g] + d) * c[h * G + g];
-                b[g] = (vf16){0};
-            }
-            int64_t t = 0;
-            for (; t + 1 < cnt; t += 2) {
-                vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
-                vf16 v1 = ld16(vc, is_bf16, base + ((t + 1) * Hkv + h) * D + d);
-                for (int64_t g = 0; g < G; g++) {
-                    a[g] += s[h * G + g][t] * v0;
-                    b[g] += s[h * G + g][t + 1] * v1;
-                }
-            }
-            if (t < cnt) {
-                vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
-                for (int64_t g = 0; g < G; g++) a[g] += s[h * G + g][t] * v0;
-            }
-            for (int64_t g = 0; g < G; g++) stf16(acc[h * G + g] + d, a[g] + b[g]);
+        int64_t h, int64_t hq0, int64_t n, float s[][MAXBS], const float *c,
+        float acc[][MAXD]) {
+    for (int64_t d = 0; d < D; d += 16) {
+        vf16 a[8], b[8];
+        for (int64_t i = 0; i < n; i++) {
+            a[i] = ldf16(acc[hq0 + i] + d) * c[hq0 + i];
+            b[i] = (vf16){0};
         }
+        int64_t t = 0;
+        for (; t + 1 < cnt; t += 2) {
+            vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
+            vf16 v1 = ld16(vc, is_bf16, base + ((t + 1) * Hkv + h) * D + d);
+            for (int64_t i = 0; i < n; i++) {
+                a[i] += s[hq0 + i][t] * v0;
+                b[i] += s[hq0 + i][t + 1] * v1;
+            }
+        }
+        if (t < cnt) {
+            vf16 v0 = ld16(vc, is_bf16, base + (t * Hkv + h) * D + d);
+            for (int64_t i = 0; i < n; i++) a[i] += s[hq0 + i][t] * v0;
+        }
+        for (int64_t i = 0; i < n; i++) stf16(acc[hq0 + i] + d, a[i] + b[i]);
+    }
 }
+
+// A KV head's G query heads in runs of 8, 4, 2 and 1 (each run's sums in registers).
+#define BY_RUNS(CALL)                                                     \
+    for (int64_t h = 0; h < Hkv; h++)                                     \
+        for (int64_t g0 = 0; g0 < G;) {                                   \
+            int64_t left = G - g0, hq0 = h * G + g0;                      \
+            if (left >= 8) { CALL(8); g0 += 8; }                          \
+            else if (left >= 4) { CALL(4); g0 += 4; }                     \
+            else if (left >= 2) { CALL(2); g0 += 2; }                     \
+            else { CALL(1); g0 += 1; }                                    \
+        }
+#define SCORES(N) scores_n(kc, is_bf16, base, cnt, Hkv, D, h, hq0, N, qf, softcap, s)
+#define VALUES(N) values_n(vc, is_bf16, base, cnt, Hkv, D, h, hq0, N, s, c, acc)
 
 static inline __attribute__((always_inline)) void walk(
         const void *q, const void *kc, const void *vc, const int64_t *table, const int64_t *ctx,
         void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-        int64_t window, float scale, float softcap, const float *sinks, int is_bf16, int64_t G) {
-    int64_t block_bytes = BS * Hkv * D * (is_bf16 ? 2 : 4);
-    static __thread float qf[MAXH][MAXD], acc[MAXH][MAXD], s[MAXH][MAXBS];
+        int64_t window, float scale, float softcap, const float *sinks, int is_bf16) {
+    int64_t G = Hq / Hkv, block_bytes = BS * Hkv * D * (is_bf16 ? 2 : 4);
+    // On the stack (144 KiB at most): a static __thread array in a shared library is reached
+    // through __tls_get_addr, which the compiler called inside the loops.
+    float qf[MAXH][MAXD], acc[MAXH][MAXD], s[MAXH][MAXBS];
     float m[MAXH], l[MAXH], c[MAXH];
     for (int64_t r = 0; r < R; r++) {
         int64_t n = ctx[r];
@@ -217,7 +242,7 @@ static inline __attribute__((always_inline)) void walk(
                 int64_t n1 = ctx[r + 1], f1 = window > 0 && n1 > window ? n1 - window : 0;
                 prefetch_block(kc, vc, table[(r + 1) * W + f1 / BS], block_bytes);
             }
-            block_scores(kc, is_bf16, base, cnt, Hkv, D, G, qf, softcap, s);
+            BY_RUNS(SCORES)
             for (int64_t hq = 0; hq < Hq; hq++) {  // online softmax, block by block
                 float bm = -3.0e38f;
                 for (int64_t t = 0; t < cnt; t++) bm = s[hq][t] > bm ? s[hq][t] : bm;
@@ -230,32 +255,20 @@ static inline __attribute__((always_inline)) void walk(
                 l[hq] = l[hq] * c[hq] + sum;
                 m[hq] = nm;
             }
-            block_values(vc, is_bf16, base, cnt, Hkv, D, G, s, c, acc);
+            BY_RUNS(VALUES)
         }
         finish_heads(out, is_bf16, r * Hq * D, Hq, D, sinks, acc, m, l);
     }
 }
 
-#define WALK(BF, GG) walk(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale, \
-                          softcap, sinks, BF, GG)
-
 static void decode_blockwise(const void *q, const void *kc, const void *vc, const int64_t *table,
                              const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv,
                              int64_t D, int64_t BS, int64_t W, int64_t window, float scale,
                              float softcap, const float *sinks, int is_bf16) {
-    int64_t G = Hq / Hkv;
-    switch (G * 2 + (is_bf16 != 0)) {
-        case 2: WALK(0, 1); break;
-        case 3: WALK(1, 1); break;
-        case 4: WALK(0, 2); break;
-        case 5: WALK(1, 2); break;
-        case 8: WALK(0, 4); break;
-        case 9: WALK(1, 4); break;
-        case 16: WALK(0, 8); break;
-        case 17: WALK(1, 8); break;
-        default:
-            if (is_bf16) WALK(1, G); else WALK(0, G);
-    }
+    if (is_bf16)  // one copy of the walk per storage type: no dtype test in the inner loops
+        walk(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale, softcap, sinks, 1);
+    else
+        walk(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale, softcap, sinks, 0);
 }
 
 // ----- the entry point; below the dispatch, the per-head path (more than MAXH query heads, or a --

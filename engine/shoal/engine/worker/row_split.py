@@ -30,6 +30,6 @@ class RowSplitter:
             self._size = threads - 1
         bounds = [rows * i // threads for i in range(threads + 1)]
         # The first range runs on the calling thread: one hand-off fewer per call.
-        others = [self._pool.submit(fn, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+        others = [self._pool.submit(fn, a, b) for a, b in zip(bounds[1:-1], bounds[2:], strict=True)]
         first = fn(bounds[0], bounds[1])
         return min([first] + [f.result() for f in others])

@@ -11,6 +11,7 @@ import logging
 import torch
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from shoal.engine.cpus import usable_cpus
 from shoal.engine.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,9 @@ class Worker:
         self.device = resolve_device(self.config.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
+        # Unset (the offline LLM): every CPU this process may use, not torch's node-wide count.
+        torch.set_num_threads(self.config.num_threads or usable_cpus())
+        log.info("rank %d: %d torch threads", self.rank, torch.get_num_threads())
         torch.manual_seed(self.config.seed)
         self.model_runner = ModelRunner(self.config, self.device, self.rank)
 

@@ -1,0 +1,37 @@
+"""cpus.py: the CPUs a process may use (affinity, cgroup v2 and v1 CPU limits) and the torch
+threads an engine rank takes by default."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from shoal.engine import cpus
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("files, want", [
+    ({}, AFFINITY),  # no cgroup files: the affinity mask
+    ({"cpu.max": "max 100000\n"}, AFFINITY),  # v2, no limit
+    ({"cpu.max": "50000 100000\n"}, 1),  # half a CPU: one thread
+    ({"cpu.max": "150000 100000\n"}, min(AFFINITY, 2)),  # 1.5 CPUs: rounded up
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, AFFINITY),  # v1
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+])
+def test_usable_cpus_takes_the_cgroup_limit(tmp_path, files, want):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpus.usable_cpus(tmp_path) == want
+
+
+@pytest.mark.parametrize("ranks, api_server, n, want", [
+    (1, True, 2, 1),  # a core left to the API server
+    (1, False, 2, 2),  # headless: all of them
+    (1, True, 1, 1),  # never below one
+    (2, True, 9, 4),  # the rest split over the node's ranks
+    (4, False, 2, 1),
+])
+def test_engine_threads(ranks, api_server, n, want):
+    assert cpus.engine_threads(ranks, api_server, cpus=n) == want
