@@ -26,12 +26,6 @@ def test_usable_cpus_takes_the_cgroup_limit(tmp_path, files, want):
     assert cpus.usable_cpus(tmp_path) == want
 
 
-@pytest.mark.parametrize("ranks, api_server, n, want", [
-    (1, True, 2, 1),  # a core left to the API server
-    (1, False, 2, 2),  # headless: all of them
-    (1, True, 1, 1),  # never below one
-    (2, True, 9, 4),  # the rest split over the node's ranks
-    (4, False, 2, 1),
-])
-def test_engine_threads(ranks, api_server, n, want):
-    assert cpus.engine_threads(ranks, api_server, cpus=n) == want
+@pytest.mark.parametrize("ranks, n, want", [(1, 2, 2), (1, 1, 1), (2, 9, 4), (4, 2, 1)])
+def test_engine_threads_split_the_usable_cpus_over_the_ranks(ranks, n, want):
+    assert cpus.engine_threads(ranks, cpus=n) == want

@@ -2,13 +2,13 @@
 
 Why: `os.cpu_count()` (and torch's default of one thread per core) counts the node's cores; in
 a Kubernetes pod the cpuset and the CPU limit (a cgroup quota) bound what the engine really
-gets, and more threads than that only wait on each other. A `shoal serve` API server also shares
-its machine with the engine it serves: measured on a 2-core AVX-512 EPYC (2026-12-01, tiny
-model, 200 x 128/128 requests, bf16), the engine on one thread served 8,099-9,664 output tok/s
-at ITL p50 15.9-17.2 ms, on two 7,683-8,492 tok/s at 18.8-21.0 ms: the second thread kept
-stopping for the API server, and every parallel op waits for its slowest thread. vLLM's CPU
-backend likewise leaves a core to its API server. Torch-free (the operator's tests import the
-CLI).
+gets, and more threads than that only wait on each other.
+
+The API server beside an engine gets no core of its own: measured on a 2-core AVX-512 EPYC
+(2026-12-01, 200 x 128/128 requests, bf16), one engine thread served the tiny model 5-15% faster
+than two (8,099-9,664 against 7,683-8,492 output tok/s: its small ops kept waiting for the
+thread the API server interrupted), but the small model 31-45% slower (767-876 against
+1,089-1,273), and a compute-bound model is what a CPU engine is sized for. Torch-free.
 """
 
 from __future__ import annotations
@@ -47,10 +47,8 @@ def usable_cpus(cgroup: Path = CGROUP) -> int:
     return max(1, cpus)
 
 
-def engine_threads(local_ranks: int, api_server_here: bool, cpus: int | None = None) -> int:
-    """Torch threads per engine rank: the usable CPUs, less one for a co-located API server
-    (when there are at least two), split over this node's ranks; at least one."""
+def engine_threads(local_ranks: int, cpus: int | None = None) -> int:
+    """Torch threads per engine rank: the usable CPUs split over this node's ranks; at least
+    one."""
     cpus = usable_cpus() if cpus is None else cpus
-    if api_server_here and cpus > 1:
-        cpus -= 1
     return max(1, cpus // max(1, local_ranks))

@@ -93,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="use exactly this many KV blocks instead of sizing from the budget")
     eng.add_argument("--num-threads", type=int, default=None,
                      help="torch threads of each engine rank (default: the CPUs this process "
-                          "may use (affinity, cgroup CPU limit), less one for the API server "
-                          "unless --headless, split over this node's ranks)")
+                          "may use (affinity, cgroup CPU limit) split over this node's ranks)")
     eng.add_argument("--max-logprobs", type=int, default=20,
                      help="most logprobs (alternatives per token) a request's logprobs, "
                           "top_logprobs or prompt_logprobs may ask for")
@@ -201,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return _config_error(str(exc), Cause.MODEL_NOT_FOUND
                              if isinstance(exc, ModelNotFoundError) else Cause.CONFIG_ERROR)
-    if config.num_threads is None:  # a headless rank has no API server beside it
+    if config.num_threads is None:
         import dataclasses
 
         from shoal.engine.cpus import engine_threads
 
-        config = dataclasses.replace(config, num_threads=engine_threads(
-            len(config.local_ranks()), api_server_here=not args.headless))
+        config = dataclasses.replace(config,
+                                     num_threads=engine_threads(len(config.local_ranks())))
     if args.headless:
         from shoal.engine.executor.headless import run_headless
 

@@ -80,7 +80,7 @@ def local_worker_specs(config, broadcast: BroadcastHandle, reply_address: str,
     import dataclasses
 
     ranks = list(config.local_ranks())
-    threads = config.num_threads or engine_threads(len(ranks), api_server_here=False)
+    threads = config.num_threads or engine_threads(len(ranks))
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
               if f.name not in ("architectures", "model_max_len")}  # derived: recomputed
     return [WorkerProcSpec(config=fields, rank=rank, local_reader=reader,
