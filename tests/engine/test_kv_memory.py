@@ -53,6 +53,33 @@ def test_commit_makes_every_page_resident_and_keeps_what_was_written_meanwhile()
     assert _resident_bytes(k) >= 512 * MIB
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice")
+def test_the_background_commit_runs_at_the_lowest_priority_on_its_own_thread(monkeypatch):
+    import os
+    import threading
+
+    calls = []
+    real = os.setpriority
+
+    def record(which, who, prio):
+        calls.append((which, who, prio, threading.current_thread().name,
+                      threading.get_native_id()))
+        real(which, who, prio)
+
+    monkeypatch.setattr(os, "setpriority", record)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    arena = KvArena(64 * MIB)
+    arena.tensor((64 * MIB,), torch.uint8)
+    arena.commit()
+    assert arena.committed.wait(60)
+    if "background" not in arena.how:
+        pytest.skip(f"this kernel cannot populate in the background: {arena.how}")
+    (which, who, prio, name, tid), = calls
+    assert (which, prio, name) == (os.PRIO_PROCESS, 19, "kv-commit-0")
+    assert who == tid != threading.get_native_id()  # that thread only, not the engine's
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
 def test_without_madvise_the_memory_is_zeroed_before_start_up_returns(monkeypatch, caplog):
     monkeypatch.setattr(kv_memory, "_libc", lambda: None)
     caplog.set_level("INFO")
