@@ -159,3 +159,17 @@ def test_the_kernel_can_be_switched_off(monkeypatch):
     monkeypatch.setenv(cpu_kernel.DISABLE_ENV, "0")
     kernel, why = cpu_kernel.load()
     assert kernel is None and cpu_kernel.DISABLE_ENV in why
+
+
+def test_the_c_sources_compile_without_a_warning_at_the_shipped_flags(tmp_path):
+    """c_build keeps a successful compiler's stderr to itself: a warning (a flag GCC drops, a
+    vector extension it splits) would otherwise go unseen."""
+    import subprocess
+
+    from shoal.engine.worker import cpu_fused
+
+    for source in (cpu_kernel.SOURCE, cpu_fused.SOURCE):
+        flags = [f for f in c_build.FLAGS if f != "-shared"]
+        proc = subprocess.run([c_build.compiler(), *flags, "-Wall", "-Werror", "-c", "-o",
+                               str(tmp_path / "x.o"), str(source)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr

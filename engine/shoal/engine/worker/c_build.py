@@ -18,8 +18,8 @@ from pathlib import Path
 
 # Reassociation lets the compiler vectorise the sums and dot products; no -ffinite-math-only
 # (the kernels keep every value finite, but the fallback-free contract is not worth a fast-math
-# surprise). GCC drops -fassociative-math ("disabled; other options take precedence") unless
-# -fno-signed-zeros and -fno-trapping-math come before it.
+# surprise). -fassociative-math needs the two after it (GCC drops it, with a warning, if
+# signed zeros or trapping math stay on).
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-signed-zeros", "-fno-trapping-math",
          "-fassociative-math", "-shared", "-fPIC"]
 
