@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 
 _HUGE = 2 << 20
 _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
-# Commit in pieces: an exiting process is never held by one long call, and each call holds the
-# process's memory-map lock only briefly (a step's large allocations wait for that lock).
-_CHUNK = 16 << 20
+# Commit in pieces of one huge page: an exiting process is never held by one long call, and each
+# call holds the process's memory-map lock only briefly (a step's mmap of a large tensor waits for
+# that lock, and at nice 19 the holder may wait for a core).
+_CHUNK = 2 << 20
 
 
 def _libc():
@@ -93,9 +94,10 @@ class KvArena:
 
     def _populate(self, libc, addr: int, done: int) -> None:
         # The lowest CPU priority for this thread alone (Linux: nice is per thread): the first
-        # steps, which run while it commits, come first. At normal priority it took a core from
-        # them: the first 200 requests after a start on 2 cores were served at 5,457-5,670
-        # output tok/s against 9,057-9,223 once it had finished (tiny, 1 GiB, 2026-12-01).
+        # steps, which run while it commits, come first. Tiny, 1 GiB, 2 cores, 2026-12-01: the
+        # first 200 requests after a start ran at 5,457-5,670 output tok/s with the commit at
+        # normal priority, 6,394-8,106 at nice 19 (6,953-7,449 with no commit at all: the rest of
+        # a first burst's cost is first use elsewhere), 7,900-9,200 on a warm server.
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):  # not Linux: the commit keeps the default priority
