@@ -5,10 +5,10 @@ a Kubernetes pod the cpuset and the CPU limit (a cgroup quota) bound what the en
 gets, and more threads than that only wait on each other.
 
 The API server beside an engine gets no core of its own: measured on a 2-core AVX-512 EPYC
-(2026-12-01, 200 x 128/128 requests, bf16), one engine thread served the tiny model 5-15% faster
-than two (8,099-9,664 against 7,683-8,492 output tok/s: its small ops kept waiting for the
-thread the API server interrupted), but the small model 31-45% slower (767-876 against
-1,089-1,273), and a compute-bound model is what a CPU engine is sized for. Torch-free.
+(2026-12-01, 200 x 128/128 requests, bf16, the second load of each start), one engine thread
+served the tiny model 3-26% faster than two (8,744-9,664 against 7,683-8,492 output tok/s: its
+small ops kept waiting for the thread the API server interrupted), but the small model 31%
+slower (876 against 1,273), and a compute-bound model is what a CPU engine is sized for. Torch-free.
 """
 
 from __future__ import annotations
