@@ -6,7 +6,8 @@ block was a TLB miss). Faulting those in by zeroing them cost about a second per
 on the 2-core EPYC measured (the kernel compacts memory for each 2 MiB page), on the engine's
 critical path. Instead the cache is one anonymous mapping, which the OS hands out zeroed, and a
 background thread commits it with `MADV_POPULATE_WRITE` (Linux 5.14+), which faults pages in
-without writing to them, so it can run while the first steps write K/V. A kernel without it (or
+without writing to them, so it can run while the first steps write K/V; it runs at nice 19 and
+paced, so those steps keep their speed. A kernel without it (or
 a libc without madvise) gets the old way: the whole cache written with zeros before the engine
 reports ready. Each event is logged with its rank.
 """
@@ -27,10 +28,14 @@ log = logging.getLogger(__name__)
 
 _HUGE = 2 << 20
 _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
-# Commit in pieces of one huge page: an exiting process is never held by one long call, and each
-# call holds the process's memory-map lock only briefly (a step's mmap of a large tensor waits for
-# that lock, and at nice 19 the holder may wait for a core).
+# Commit in pieces of one huge page with a pause after each (about 150 MiB/s here, 1 GiB in about
+# 7 s): an exiting process is never held by one long call, each call holds the process's
+# memory-map lock only briefly, and the first steps, which run meanwhile, keep their speed. Tiny,
+# 1 GiB, 2 cores, 2026-12-01, output tok/s of the first 200 requests after a start: 5,034-5,615
+# with the commit at full pace (it took 2.0-2.3 s that hour), 7,433-7,797 paced, 7,128-8,531
+# with no commit at all.
 _CHUNK = 2 << 20
+_PAUSE = 0.01
 
 
 def _libc():
@@ -93,11 +98,8 @@ class KvArena:
         self._done(f"zeroed before start-up ({why}) in {time.monotonic() - start:.1f} s")
 
     def _populate(self, libc, addr: int, done: int) -> None:
-        # The lowest CPU priority for this thread alone (Linux: nice is per thread): the first
-        # steps, which run while it commits, come first. Tiny, 1 GiB, 2 cores, 2026-12-01: the
-        # first 200 requests after a start ran at 5,457-5,670 output tok/s with the commit at
-        # normal priority, 6,394-8,106 at nice 19 (6,953-7,449 with no commit at all: the rest of
-        # a first burst's cost is first use elsewhere), 7,900-9,200 on a warm server.
+        # The lowest CPU priority for this thread alone (Linux: nice is per thread), and a pause
+        # after each piece (_PAUSE): the first steps, which run while it commits, come first.
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):  # not Linux: the commit keeps the default priority
@@ -111,6 +113,7 @@ class KvArena:
                            f"failed with {errno.errorcode.get(err, err)}", logging.WARNING)
                 return
             done += n
+            time.sleep(_PAUSE)
         self._done(f"committed in the background in {time.monotonic() - start:.1f} s")
 
     def _done(self, how: str, level: int = logging.INFO) -> None:
