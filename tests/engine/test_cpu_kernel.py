@@ -48,8 +48,9 @@ def reference(q, k_cache, v_cache, table, ctx, scale, window=None, softcap=None,
 # Up to 64 query heads the kernel walks every KV head of a block together (its query heads per
 # KV head: 1, 2 and 4 compiled for, 3 not); 72 takes its per-head path.
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (12, 4), (72, 8), (48, 16)])
-# Head sizes that are not a multiple of 16 take the per-head path too.
-@pytest.mark.parametrize("d", [64, 40])
+# 64: bf16 read as pairs; 48 (a multiple of 16, not of 32): bf16 widened sixteen at a time; 40:
+# not a multiple of 16, the per-head path.
+@pytest.mark.parametrize("d", [64, 48, 40])
 def test_kernel_equals_attention_over_the_gathered_context(kernel, dtype, tol, num_heads,
                                                            num_kv_heads, d):
     gen = torch.Generator().manual_seed(0)
@@ -94,6 +95,13 @@ def test_kernel_implements_windows_softcap_and_sinks(kernel, window, softcap, wi
     assert (out.double() - ref).abs().max().item() < 1e-5
     plain = reference(q, k_cache, v_cache, table, ctx, scale)
     assert (out.double() - plain).abs().max().item() > 1e-2
+
+
+def test_no_rows_is_an_empty_answer(kernel):
+    cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)
+    out = kernel(torch.zeros(0, 4, 64, dtype=torch.bfloat16), cache, cache,
+                 torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long), 0.125)
+    assert out is not None and out.shape == (0, 4, 64)
 
 
 def test_rows_split_across_threads_give_the_same_bits(kernel):

@@ -268,6 +268,7 @@ static inline __attribute__((always_inline)) void walk(
     // through __tls_get_addr, which the compiler called inside the loops.
     float qf[MAXH][MAXD], acc[MAXH][MAXD], s[MAXH][MAXBS];
     float m[MAXH], l[MAXH], c[MAXH];
+    if (R <= 0) return;  // no row: not even ctx[0] to read
     struct ahead ahead = {0, first_block(ctx, 0, BS, window)};
     for (int64_t i = 0; i < PREFETCH_AHEAD && ahead.r < R; i++) {
         prefetch_block(kc, vc, table[ahead.r * W + ahead.j], block_bytes);
