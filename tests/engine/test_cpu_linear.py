@@ -1,5 +1,6 @@
-"""oneDNN-packed float32 linear layers: equal to nn.Linear within float32 rounding, a row's result
-independent of its batch, tied weights left alone, and a switch back to torch's own linear."""
+"""oneDNN-packed linear layers: equal to nn.Linear within float32 rounding (in bf16 its bits, or
+one bf16 step in rare elements with a bias), a row's result independent of its batch, tied
+weights left alone, and a switch back to torch's own linear."""
 
 from __future__ import annotations
 
@@ -53,17 +54,39 @@ class _Tiny(nn.Module):
             self.head.weight = self.embed.weight
 
 
-def test_pack_linears_swaps_float32_layers_and_keeps_tied_and_bf16_ones():
+def test_pack_linears_swaps_float32_layers_and_keeps_tied_ones():
+    """bf16 layers too where the CPU computes bf16 natively, else they stay torch's."""
+    native = cpu_linear.cpu_has_native_bf16()
     model = _Tiny(tied=True)
     count, how = cpu_linear.pack_linears(model)
-    assert count == 2 and "oneDNN" in how and "1 tied" in how
+    assert count == 2 + native and "oneDNN" in how and "1 tied" in how
     assert all(type(m) is PackedLinear for m in model.proj)
     assert type(model.head) is nn.Linear and model.head.weight is model.embed.weight
-    assert type(model.bf16) is nn.Linear
+    assert type(model.bf16) is (PackedLinear if native else nn.Linear)
 
     untied = _Tiny(tied=False)
-    assert cpu_linear.pack_linears(untied)[0] == 3
+    assert cpu_linear.pack_linears(untied)[0] == 3 + native
     assert type(untied.head) is PackedLinear
+
+
+@pytest.mark.skipif(not cpu_linear.cpu_has_native_bf16(), reason="no native bf16 on this CPU")
+@pytest.mark.parametrize("shape", [(1, 256), (200, 256), (2, 37, 256)])
+def test_a_packed_bf16_layer_gives_torchs_bits(shape):
+    """Without a bias, torch's bits; with one (Qwen2's q/k/v), a rare element one bf16 step
+    away (the two round the product and add the bias in another order), no further from the
+    exact result."""
+    from shoal.engine.worker.cpu_fused import same_values
+
+    torch.manual_seed(3)
+    x = torch.randn(shape).to(torch.bfloat16)
+    plain = nn.Linear(256, 688, bias=False).to(torch.bfloat16)
+    got = PackedLinear(plain)(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, plain(x))
+    biased = nn.Linear(256, 688).to(torch.bfloat16)
+    got, want = PackedLinear(biased)(x), biased(x)
+    assert same_values(got, want)
+    exact = x.double() @ biased.weight.double().T + biased.bias.double()
+    assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max() * 1.01
 
 
 def test_the_switch_keeps_torchs_own_linear(monkeypatch):
@@ -81,4 +104,4 @@ def test_the_engine_runs_its_linear_layers_packed_and_says_so(make_llm, tiny_mod
     # tiny: 4 layers x (q, k, v, o, gate, up, down) + the untied LM head
     assert runner.packed_linears == 29
     assert type(runner.model.lm_head) is PackedLinear
-    assert "oneDNN-packed float32 linear layers (29)" in caplog.text
+    assert "oneDNN-packed linear layers (29)" in caplog.text

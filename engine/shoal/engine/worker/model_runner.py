@@ -25,6 +25,7 @@ from shoal.engine.worker import (
     tensor_parallel,
 )
 from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
+from shoal.engine.worker.cpu_linear import cpu_has_native_bf16
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.kv_memory import KvArena
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
@@ -56,13 +57,6 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
     return torch.float32
 
 
-def cpu_has_native_bf16() -> bool:
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # a torch without these probes
-        return False
-
-
 class ModelRunner:
     """One rank's model. With tensor_parallel_size T > 1 it holds this rank's shard of every
     layer (tensor_parallel.py) and a KV cache for its local KV heads; torch.distributed must be
@@ -81,7 +75,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel: PagedDecodeKernel | None = None
-        self.packed_linears = 0  # layers on oneDNN's packed float32 linear (cpu_linear.py)
+        self.packed_linears = 0  # layers on oneDNN's packed linear (cpu_linear.py)
         self.fused = cpu_fused.Fused()  # norms, MLPs and RoPE on fused CPU ops (cpu_fused.py)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
@@ -119,7 +113,7 @@ class ModelRunner:
         if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
             tensor_parallel.shard_model(model, self.rank, self.world_size, name)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             self.packed_linears, how = cpu_linear.pack_linears(self.model)
             log.info("linear layers: %s", how)
         if self.device.type == "cpu" and self.dtype in cpu_fused.DTYPES:
