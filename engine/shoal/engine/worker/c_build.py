@@ -18,10 +18,9 @@ from pathlib import Path
 
 # Reassociation lets the compiler vectorise the sums and dot products; no -ffinite-math-only
 # (the kernels keep every value finite, but the fallback-free contract is not worth a fast-math
-# surprise). -fassociative-math needs the two after it (GCC drops it, with a warning, if
-# signed zeros or trapping math stay on).
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-signed-zeros", "-fno-trapping-math",
-         "-fassociative-math", "-shared", "-fPIC"]
+# surprise).
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+         "-fno-trapping-math", "-shared", "-fPIC"]
 
 
 def cpu_flags() -> str:

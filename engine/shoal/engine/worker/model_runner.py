@@ -113,10 +113,9 @@ class ModelRunner:
         if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
             tensor_parallel.shard_model(model, self.rank, self.world_size, name)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
+        if self.device.type == "cpu" and self.dtype in cpu_fused.DTYPES:  # float32, bfloat16
             self.packed_linears, how = cpu_linear.pack_linears(self.model)
             log.info("linear layers: %s", how)
-        if self.device.type == "cpu" and self.dtype in cpu_fused.DTYPES:
             self.fused = cpu_fused.fuse(self.model)
             log.info("norms and activations: %s", self.fused.how)
         # The cache's geometry is what the layers really produce (this rank's heads under TP).
