@@ -43,6 +43,14 @@ def greedy(client, prompt, max_tokens=16, **extra):
                                      temperature=0, extra_body={**IGNORE_EOS, **extra})
 
 
+def test_the_engine_takes_every_usable_cpu_by_default(server):
+    """No --num-threads: `shoal serve` gives the engine rank the CPUs this process may use
+    (affinity and cgroup limit, cpus.py), and the engine process logs what it took."""
+    from shoal.engine.cpus import usable_cpus
+
+    assert f"rank 0: {usable_cpus()} torch threads" in server.log()
+
+
 # ----- completions and chat ---------------------------------------------------------------
 
 
