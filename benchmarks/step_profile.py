@@ -29,11 +29,6 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-# As the engine process sets it (engine_core_proc.main), before torch loads OpenMP: without it,
-# torch's idle OpenMP threads spin against the decode kernel's threads and this profile showed
-# attention at 41-47% of a step where the engine spends 32-35% (measured 2026-11-30).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -181,3 +181,21 @@ def test_the_c_sources_compile_without_a_warning_at_the_shipped_flags(tmp_path):
         proc = subprocess.run([c_build.compiler(), *flags, "-Wall", "-Werror", "-c", "-o",
                                str(tmp_path / "x.o"), str(source)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+
+
+def test_the_kernels_run_on_torchs_own_openmp_runtime(kernel):
+    """Both libraries are linked against libgomp.so.1; loaded after torch they must bind to
+    torch's copy (one team of threads), not bring the system's in beside it (torch's wheel
+    ships its own in torch/lib, so a second binding would show as a second file)."""
+    from shoal.engine.worker import cpu_fused
+
+    assert cpu_fused.load()[0] is not None
+    assert len(c_build.openmp_runtimes()) == 1, c_build.openmp_runtimes()
+
+
+def test_a_library_that_brings_a_second_openmp_runtime_is_refused(monkeypatch):
+    seen = iter([["/torch/lib/libgomp.so.1"],
+                 ["/torch/lib/libgomp.so.1", "/usr/lib/libgomp.so.1"]])
+    monkeypatch.setattr(c_build, "openmp_runtimes", lambda: next(seen))
+    with pytest.raises(RuntimeError, match=r"second OpenMP runtime \(/usr/lib/libgomp.so.1\)"):
+        c_build.load(cpu_kernel.SOURCE)

@@ -512,10 +512,6 @@ def write_dead_termination(dead: wire.EngineDead) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # Before torch loads its OpenMP runtime: idle OpenMP threads sleep instead of spinning, so the
-    # CPU paged-decode kernel's threads (plain threads, between torch's parallel regions) get the
-    # cores. Measured on 2 cores, small model, 2 threads: 214 ms per decode step vs 253 spinning.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     spec = msgspec.json.decode(argv[0], type=EngineProcSpec)
     logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [engine %(process)d] %(message)s")

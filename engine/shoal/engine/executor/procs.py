@@ -41,9 +41,7 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def spawn_worker(spec: msgspec.Struct, env: dict[str, str] | None = None) -> subprocess.Popen:
-    # Before torch loads OpenMP in the child: idle OpenMP threads sleep instead of spinning.
-    child_env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                 **(env or {})}
+    child_env = {**os.environ, **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "shoal.engine.executor.worker_proc",
          msgspec.json.encode(spec).decode()],

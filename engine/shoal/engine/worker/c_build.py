@@ -1,14 +1,25 @@
-"""Build the engine's small C kernels (paged_decode.c, fused_ops.c) with the machine's compiler.
+"""Build and load the engine's small C kernels (paged_decode.c, fused_ops.c).
 
-`$CC`, else cc / gcc / clang, with -O3 -march=native, into `$SHOAL_CACHE/kernels/` (default
-~/.cache/shoal/kernels) under a name that hashes the source, the flags and the CPU's feature
-flags, so a cache shared between different CPUs stays correct. Plain C without torch headers:
-about a second each, once. Callers load the result with ctypes and fall back to torch ops, with
-the reason logged, when there is no compiler or the build fails.
+Build: `$CC`, else cc / gcc / clang, with -O3 -march=native -fopenmp, into
+`$SHOAL_CACHE/kernels/` (default ~/.cache/shoal/kernels) under a name that hashes the source, the
+flags and the CPU's feature flags, so a cache shared between different CPUs stays correct. Plain
+C without torch headers: about a second each, once. Callers fall back to torch ops, with the
+reason logged, when there is no compiler or the build or the load fails.
+
+Threads: the kernels split their rows with OpenMP, and must do it on torch's own OpenMP team.
+torch's wheel ships libgomp.so.1 and loads it with torch; a library linked against libgomp.so.1
+and loaded after torch is bound by the dynamic loader to that same copy (same soname), so the
+kernels' threads are the very threads torch's ops run on. They spin briefly between ops and pick
+the next op up at once; the Python thread pool this replaced ran beside them, and either both
+pools fought for the cores or (with OMP_WAIT_POLICY=PASSIVE, what the engine had to set) every
+torch op paid to wake its sleeping threads: 40-60 us per op on a 2-core VM, about 2 ms of a tiny
+decode step (benchmarks/README.md, "One OpenMP team"). `load` checks that only one OpenMP
+runtime is mapped and refuses the library otherwise.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -16,11 +27,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 # Reassociation lets the compiler vectorise the sums and dot products; no -ffinite-math-only
 # (the kernels keep every value finite, but the fallback-free contract is not worth a fast-math
 # surprise).
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-shared", "-fPIC"]
+         "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
 
 
 def cpu_flags() -> str:
@@ -64,3 +77,34 @@ def build(source: Path) -> Path:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(out, target)  # atomic: concurrent engines never load a half-written file
     return target
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtimes mapped into this process (by file); [] where /proc is not readable."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    names = ("libgomp", "libiomp", "libomp")
+    return sorted({line.split()[-1] for line in maps.splitlines()
+                   if any(n in line.rsplit("/", 1)[-1] for n in names)})
+
+
+def load(source: Path) -> ctypes.CDLL:
+    """Build `source` if needed and load it, bound to torch's OpenMP runtime (torch is imported
+    above, so its libgomp is loaded first). RuntimeError if the load brought a second runtime:
+    two teams on the same cores would each slow the other, never silently."""
+    before = openmp_runtimes()
+    lib = ctypes.CDLL(str(build(source)))
+    added = sorted(set(openmp_runtimes()) - set(before))
+    if added and before:
+        raise RuntimeError(f"{source.name} loaded a second OpenMP runtime ({', '.join(added)}) "
+                           f"beside torch's ({', '.join(before)})")
+    return lib
+
+
+def threads(rows: int, min_rows_per_thread: int) -> int:
+    """How many of torch's intra-op threads a kernel call over `rows` rows takes: all of them,
+    as long as each gets at least `min_rows_per_thread` rows (below that a split costs more
+    than it saves)."""
+    return max(1, min(torch.get_num_threads(), rows // max(1, min_rows_per_thread)))

@@ -49,7 +49,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from shoal.engine.worker import c_build
-from shoal.engine.worker.row_split import RowSplitter
 from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from torch import nn
 
@@ -59,7 +58,7 @@ DISABLE_ENV = "SHOAL_CPU_FUSED"
 SOURCE = Path(__file__).with_name("fused_ops.c")
 # Rows below which splitting across threads costs more than it saves (per row: `hidden` floats).
 MIN_FLOATS_PER_THREAD = 1 << 18
-_I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the kernels take
@@ -68,19 +67,17 @@ DTYPES = (torch.float32, torch.bfloat16)  # what the kernels take
 class FusedOps:
     """The compiled fused_ops.c."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        lib = ctypes.CDLL(str(path))
+    def __init__(self, lib: ctypes.CDLL) -> None:
         self._rms = {torch.float32: lib.rms_norm_f32, torch.bfloat16: lib.rms_norm_bf16}
-        self._rms[torch.float32].argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _I64, _I64, _F32]
-        self._rms[torch.bfloat16].argtypes = [_PTR, _I64, _PTR, _F32, ctypes.c_int, _PTR, _I64,
-                                              _I64, _F32]
+        self._rms[torch.float32].argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _I64, _I64, _F32,
+                                             _INT]
+        self._rms[torch.bfloat16].argtypes = [_PTR, _I64, _PTR, _F32, _INT, _PTR, _I64, _I64,
+                                              _F32, _INT]
         self._rope = {torch.float32: lib.rope_f32, torch.bfloat16: lib.rope_bf16}
         for fn in (*self._rms.values(), *self._rope.values()):
             fn.restype = ctypes.c_int
         for fn in self._rope.values():
-            fn.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64]
-        self._rows = RowSplitter("fused-ops", min_rows_per_thread=1)
+            fn.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT]
 
     def rms_norm(self, x2: torch.Tensor, weight: torch.Tensor, w_offset: float,
                  eps: float, round_twice: bool = True) -> torch.Tensor:
@@ -88,15 +85,12 @@ class FusedOps:
         a new contiguous tensor. round_twice: bf16 only (fused_ops.c, rms_norm_bf16)."""
         rows, hidden = x2.shape
         out = torch.empty(rows, hidden, dtype=x2.dtype)
-        stride, elem = x2.stride(0), x2.element_size()
+        stride = x2.stride(0)
         fn = self._rms[x2.dtype]
         extra = () if x2.dtype == torch.float32 else (int(round_twice),)
 
-        def run(start: int, end: int) -> int:
-            return fn(x2.data_ptr() + start * stride * elem, stride, weight.data_ptr(), w_offset,
-                      *extra, out.data_ptr() + start * hidden * elem, end - start, hidden, eps)
-
-        self._rows.run(run, rows, min_rows=max(1, MIN_FLOATS_PER_THREAD // hidden))
+        fn(x2.data_ptr(), stride, weight.data_ptr(), w_offset, *extra, out.data_ptr(), rows, hidden,
+           eps, c_build.threads(rows, MIN_FLOATS_PER_THREAD // hidden))
         return out
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -113,20 +107,11 @@ class FusedOps:
             return None
         tokens, head_dim, rot = q.shape[2], q.shape[-1], cos.shape[2]
         outs = [torch.empty(1, tokens, x.shape[1], head_dim, dtype=q.dtype) for x in (q, k)]
-        fn, elem = self._rope[q.dtype], q.element_size()
-
-        def run(start: int, end: int) -> int:
-            rc = 0
-            for x, out in zip((q, k), outs, strict=True):
-                heads = x.shape[1]
-                rc |= fn(x.data_ptr() + start * x.stride(2) * elem, x.stride(2), x.stride(1),
-                         out.data_ptr() + start * heads * head_dim * elem, end - start, heads,
-                         head_dim, cos.data_ptr() + start * rot * elem,
-                         sin.data_ptr() + start * rot * elem, rot)
-            return rc
-
-        width = (q.shape[1] + k.shape[1]) * head_dim
-        self._rows.run(run, tokens, min_rows=max(1, MIN_FLOATS_PER_THREAD // width))
+        fn = self._rope[q.dtype]
+        for x, out in zip((q, k), outs, strict=True):
+            fn(x.data_ptr(), x.stride(2), x.stride(1), out.data_ptr(), tokens, x.shape[1],
+               head_dim, cos.data_ptr(), sin.data_ptr(), rot,
+               c_build.threads(tokens, MIN_FLOATS_PER_THREAD // (x.shape[1] * head_dim)))
         return outs[0].transpose(1, 2), outs[1].transpose(1, 2)
 
 
@@ -289,7 +274,7 @@ def load() -> tuple[FusedOps | None, str]:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None, f"{DISABLE_ENV}=0"
     try:
-        return FusedOps(c_build.build(SOURCE)), ""
+        return FusedOps(c_build.load(SOURCE)), ""
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, str(exc)
 

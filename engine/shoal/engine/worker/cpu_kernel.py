@@ -4,7 +4,8 @@ Why a C file and not torch ops: with torch ops a decode row's K/V must first be 
 blocks into a padded copy, then attended by SDPA, whose CPU kernel is built for long queries;
 together they were about half of a decode step. The kernel reads K/V where they are, once.
 
-Build: c_build.py (the machine's C compiler, -O3 -march=native, cached in `$SHOAL_CACHE/kernels/`).
+Build: c_build.py (the machine's C compiler, -O3 -march=native -fopenmp, cached in
+`$SHOAL_CACHE/kernels/`); the rows run on torch's own OpenMP threads (c_build says how).
 No compiler, a failed build or `SHOAL_CPU_KERNEL=0`: `load()` returns None with the reason, and
 attention stays on the torch path.
 """
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import torch
 from shoal.engine.worker import c_build
-from shoal.engine.worker.row_split import RowSplitter
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,16 @@ class PagedDecodeKernel:
     sinks)` -> out [R, Hq, D]. window (keys a row sees, None = all), softcap and sinks ([Hq]
     logits) are the attention variants transformers passes as sliding_window, softcap, s_aux.
 
-    With several torch threads the rows are split into one contiguous range per thread
-    (row_split.py)."""
+    With several torch threads the rows are split into one contiguous range of about equal work
+    per thread, at least MIN_ROWS_PER_THREAD rows each."""
 
-    def __init__(self, path: Path) -> None:
-        self._fn = ctypes.CDLL(str(path)).paged_decode
+    MIN_ROWS_PER_THREAD = 8
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.paged_decode
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = ([_PTR] * 6 + [_I64] * 7
-                             + [ctypes.c_float, ctypes.c_float, _PTR, ctypes.c_int])
-        self._rows = RowSplitter("paged-decode", min_rows_per_thread=8)
+                             + [ctypes.c_float, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int])
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  table: torch.Tensor, ctx: torch.Tensor, scale: float, window: int | None = None,
@@ -75,18 +76,11 @@ class PagedDecodeKernel:
         _, block_size, num_kv_heads, _ = k_cache.shape
         q = q.contiguous()
         out = torch.empty_like(q)
-        width, elem = table.shape[1], q.element_size()
-
-        def run(start: int, end: int) -> int:
-            row_bytes = num_heads * head_dim * elem
-            return self._fn(q.data_ptr() + start * row_bytes, k_cache.data_ptr(),
-                            v_cache.data_ptr(), table.data_ptr() + start * width * 8,
-                            ctx.data_ptr() + start * 8, out.data_ptr() + start * row_bytes,
-                            end - start, num_heads, num_kv_heads, head_dim, block_size, width,
-                            window or 0, scale, softcap or 0.0, sinks_ptr,
-                            int(q.dtype == torch.bfloat16))
-
-        rc = self._rows.run(run, rows)
+        rc = self._fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(),
+                      ctx.data_ptr(), out.data_ptr(), rows, num_heads, num_kv_heads, head_dim,
+                      block_size, table.shape[1], window or 0, scale, softcap or 0.0, sinks_ptr,
+                      int(q.dtype == torch.bfloat16),
+                      c_build.threads(rows, self.MIN_ROWS_PER_THREAD))
         return out if rc == 0 else None
 
 
@@ -95,7 +89,7 @@ def load() -> tuple[PagedDecodeKernel | None, str]:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None, f"disabled by {DISABLE_ENV}=0"
     try:
-        path = build()
-        return PagedDecodeKernel(path), f"loaded {path}"
+        lib = c_build.load(SOURCE)
+        return PagedDecodeKernel(lib), f"loaded {lib._name}"
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, str(exc)

@@ -5,13 +5,18 @@
  *     out[r] = (w + w_offset) * (x[r] * 1 / sqrt(mean(x[r]^2) + eps))
  * w_offset is 0 for Llama-style norms and 1 for Gemma's (1 + weight). Rows of x are x_stride
  * floats apart (a view of a wider tensor); out is contiguous.
+ *
+ * Every op takes `threads`: its rows (tokens) are split into that many contiguous ranges on the
+ * calling thread's OpenMP team, which is torch's own (paged_decode.c's entry point says why).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 int rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restrict w,
-                 float w_offset, float *restrict out, int64_t rows, int64_t hidden, float eps) {
+                 float w_offset, float *restrict out, int64_t rows, int64_t hidden, float eps,
+                 int threads) {
+    #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
         float *o = out + r * hidden;
@@ -32,8 +37,10 @@ int rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restric
  * first rot_dim dims of each head rotate (rot_dim even), the rest pass through unchanged. */
 int rope_f32(const float *restrict x, int64_t tok_stride, int64_t head_stride,
              float *restrict out, int64_t tokens, int64_t heads, int64_t head_dim,
-             const float *restrict cos_, const float *restrict sin_, int64_t rot_dim) {
+             const float *restrict cos_, const float *restrict sin_, int64_t rot_dim,
+             int threads) {
     const int64_t half = rot_dim / 2;
+    #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const float *c = cos_ + t * rot_dim, *s = sin_ + t * rot_dim;
         for (int64_t h = 0; h < heads; h++) {
@@ -70,7 +77,8 @@ static inline float round_bf(float f) { return bf(to_bf(f)); }
 
 int rms_norm_bf16(const uint16_t *restrict x, int64_t x_stride, const uint16_t *restrict w,
                   float w_offset, int round_twice, uint16_t *restrict out, int64_t rows,
-                  int64_t hidden, float eps) {
+                  int64_t hidden, float eps, int threads) {
+    #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * x_stride;
         uint16_t *o = out + r * hidden;
@@ -92,8 +100,10 @@ int rms_norm_bf16(const uint16_t *restrict x, int64_t x_stride, const uint16_t *
  * bf16 as torch's bf16 `x * cos + rotate_half(x) * sin` rounds them. */
 int rope_bf16(const uint16_t *restrict x, int64_t tok_stride, int64_t head_stride,
               uint16_t *restrict out, int64_t tokens, int64_t heads, int64_t head_dim,
-              const uint16_t *restrict cos_, const uint16_t *restrict sin_, int64_t rot_dim) {
+              const uint16_t *restrict cos_, const uint16_t *restrict sin_, int64_t rot_dim,
+              int threads) {
     const int64_t half = rot_dim / 2;
+    #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const uint16_t *c = cos_ + t * rot_dim, *s = sin_ + t * rot_dim;
         for (int64_t h = 0; h < heads; h++) {

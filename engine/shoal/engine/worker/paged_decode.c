@@ -2,7 +2,8 @@
 // cache blocks named by the row's block table (no gather into a padded copy), a block of tokens at
 // a time with an online softmax. Built by shoal/engine/worker/cpu_kernel.py with the machine's C
 // compiler on first use (plain C, no torch headers: compiles in about a second) and called
-// through ctypes, which releases the GIL for the call.
+// through ctypes, which releases the GIL for the call. The rows are split across `threads`
+// threads of torch's own OpenMP team (see paged_decode at the end).
 //
 // Layouts (all contiguous, row-major):
 //   q, out          [R, Hq, D]        float32 or bfloat16 (is_bf16)
@@ -20,6 +21,7 @@
 //   softcap > 0  logit soft-capping (Gemma-2): score = softcap * tanh(score / softcap).
 //   sinks        attention sinks (gpt-oss): one extra logit per query head that joins the
 //                softmax's denominator and has no value.
+#include <omp.h>
 #include <stdint.h>
 #include <math.h>
 #include <string.h>
@@ -320,17 +322,16 @@ static void decode_blockwise(const void *q, const void *kc, const void *vc, cons
              BF16);
 }
 
-// ----- the entry point; below the dispatch, the per-head path (more than MAXH query heads, or a --
-// head size that is not a multiple of 16)
-int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
-                 const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
-                 int64_t BS, int64_t W, int64_t window, float scale, float softcap,
-                 const float *sinks, int is_bf16) {
-    if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
+// ----- one thread's rows: the dispatch, and below it the per-head path (more than MAXH query ----
+// heads, or a head size that is not a multiple of 16)
+static void decode_rows(const void *q, const void *kc, const void *vc, const int64_t *table,
+                        const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv,
+                        int64_t D, int64_t BS, int64_t W, int64_t window, float scale,
+                        float softcap, const float *sinks, int is_bf16) {
     if (Hq <= MAXH && D % 16 == 0) {
         decode_blockwise(q, kc, vc, table, ctx, out, R, Hq, Hkv, D, BS, W, window, scale,
                          softcap, sinks, is_bf16);
-        return 0;
+        return;
     }
     int64_t G = Hq / Hkv;
     float qf[MAXG][MAXD], acc[MAXG][MAXD], m[MAXG], l[MAXG];
@@ -371,6 +372,52 @@ int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *t
             finish_heads(out, is_bf16, (r * Hq + h * G) * D, G, D, sinks ? sinks + h * G : NULL,
                          acc, m, l, 0);
         }
+    }
+}
+
+// The work of a row: the keys it reads, plus a block's worth for its fixed cost (its queries,
+// its output, the first block's miss).
+static inline int64_t row_work(const int64_t *ctx, int64_t r, int64_t BS, int64_t window) {
+    int64_t n = ctx[r];
+    return (window > 0 && n > window ? window : n) + BS;
+}
+
+// The first row of part `part` of `parts`: rows split into contiguous ranges of about equal work,
+// since a batch mixes short and long contexts.
+static int64_t split_row(const int64_t *ctx, int64_t R, int64_t BS, int64_t window, int part,
+                         int parts) {
+    if (part <= 0) return 0;
+    if (part >= parts) return R;
+    int64_t total = 0, sum = 0, r = 0;
+    for (int64_t i = 0; i < R; i++) total += row_work(ctx, i, BS, window);
+    int64_t goal = total * part / parts;
+    while (r < R && sum < goal) sum += row_work(ctx, r++, BS, window);
+    return r;
+}
+
+// ----- the entry point ------------------------------------------------------------------------
+// threads: how many threads of the calling thread's OpenMP team take a contiguous range of rows
+// each. This library is linked with -fopenmp against libgomp.so.1, and torch has loaded its own
+// libgomp.so.1 before the engine loads it, so the dynamic loader binds it to torch's copy: the
+// ranges run on the very threads torch's ops run on, which spin briefly between ops, not on a
+// second pool competing with them for the cores.
+int paged_decode(const void *q, const void *kc, const void *vc, const int64_t *table,
+                 const int64_t *ctx, void *out, int64_t R, int64_t Hq, int64_t Hkv, int64_t D,
+                 int64_t BS, int64_t W, int64_t window, float scale, float softcap,
+                 const float *sinks, int is_bf16, int threads) {
+    if (D > MAXD || BS > MAXBS || Hq % Hkv || Hq / Hkv > MAXG) return -1;
+    if (threads > R) threads = (int)R;
+    if (threads < 1) threads = 1;
+    const int64_t row_bytes = Hq * D * (is_bf16 ? 2 : 4);
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int parts = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t a = split_row(ctx, R, BS, window, t, parts);
+        int64_t b = split_row(ctx, R, BS, window, t + 1, parts);
+        if (b > a)
+            decode_rows((const char *)q + a * row_bytes, kc, vc, table + a * W, ctx + a,
+                        (char *)out + a * row_bytes, b - a, Hq, Hkv, D, BS, W, window, scale,
+                        softcap, sinks, is_bf16);
     }
     return 0;
 }
