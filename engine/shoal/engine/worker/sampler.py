@@ -75,6 +75,10 @@ def _top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, m: SamplingMetadata, generator: torch.Generator | None = None):
     """Return one token id per row, as a 1-D long tensor."""
+    if m.all_greedy and m.banned_rows is None and m.output_token_ids is None:
+        # Nothing edits the logits: the argmax in their own dtype (a bf16 -> float32 copy is
+        # exact, so the same index), without a float32 copy of the whole batch's logits.
+        return logits.max(dim=-1).indices
     logits = logits.float()
     if m.banned_rows is not None:
         logits[m.banned_rows, m.banned_tokens] = _NEG_INF
