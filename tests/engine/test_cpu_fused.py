@@ -82,6 +82,51 @@ def test_a_row_does_not_depend_on_the_thread_split(ops):
     assert all(torch.equal(a, b) for a, b in zip(one[1], split[1], strict=True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torchs_first_maximum_with_ties_nans_and_strided_rows(ops, dtype):
+    wide = randn(203, 8200).to(dtype)  # rows 8200 apart, 8192 read: a view, as a logits slice
+    logits = wide[:, :8192]
+    logits[0] = 1.0  # all tied: the first
+    logits[1, 5000] = logits[1, 7000] = 1e4  # tied maximum: the first of the two
+    logits[2] = float("-inf")
+    logits[3, 9] = float("nan")  # a NaN is the maximum, as in torch
+    logits[3, 100] = 1e4
+    logits[4, 8191] = 1e4  # the last element
+    logits[5] = -1.0
+    logits[5, 10], logits[5, 20] = -0.0, 0.0  # -0 equals +0: the first of them
+    logits[6, 50] = -float("nan")  # a NaN with its sign bit set is the maximum too
+    logits[7, 300:] = -1e4
+    logits[7, 600] = 1e3  # the maximum in a later chunk than the first's best
+    want = logits.max(dim=-1).indices
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(ops.argmax(logits), want)
+    finally:
+        torch.set_num_threads(before)
+    assert ops.argmax(logits.t()) is None  # not unit stride along the vocabulary
+    assert ops.argmax(logits[None]) is None
+
+
+def test_greedy_sampling_takes_the_kernel_and_agrees_with_torch(ops):
+    from shoal.engine.worker import sampler
+
+    logits = randn(64, 1000).bfloat16()
+    meta = sampler.SamplingMetadata(temperature=torch.ones(64), greedy=torch.ones(64, dtype=bool),
+                                    all_greedy=True, top_k=None, top_p=None, min_p=None,
+                                    generators={})
+    calls = []
+
+    def counted(x):
+        calls.append(x.shape)
+        return ops.argmax(x)
+
+    assert torch.equal(sampler.sample(logits, meta, argmax=counted),
+                       sampler.sample(logits, meta))
+    assert calls == [(64, 1000)]
+
+
 @pytest.mark.parametrize("rot_dim", [16, 8])  # full rotation, and a partial one (Phi-3 style)
 def test_rope_equals_rotate_half_with_the_layout_transformers_hands_over(ops, rot_dim):
     from transformers.models.phi3 import modeling_phi3

@@ -78,6 +78,9 @@ class FusedOps:
             fn.restype = ctypes.c_int
         for fn in self._rope.values():
             fn.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT]
+        self._argmax = lib.argmax_rows
+        self._argmax.restype = ctypes.c_int
+        self._argmax.argtypes = [_PTR, _INT, _I64, _I64, _I64, _PTR, _INT]
 
     def rms_norm(self, x2: torch.Tensor, weight: torch.Tensor, w_offset: float,
                  eps: float, round_twice: bool = True) -> torch.Tensor:
@@ -91,6 +94,19 @@ class FusedOps:
 
         fn(x2.data_ptr(), stride, weight.data_ptr(), w_offset, *extra, out.data_ptr(), rows, hidden,
            eps, c_build.threads(rows, MIN_FLOATS_PER_THREAD // hidden))
+        return out
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """logits.max(dim=-1).indices (the first maximum; a NaN counts as the maximum) for
+        [rows, vocab] float32 or bfloat16 CPU logits with unit stride along the vocabulary; None
+        for anything else (the caller runs torch's)."""
+        if not (logits.dim() == 2 and logits.dtype in DTYPES and logits.device.type == "cpu"
+                and logits.stride(1) == 1 and logits.shape[1] > 0):
+            return None
+        rows, cols = logits.shape
+        out = torch.empty(rows, dtype=torch.long)
+        self._argmax(logits.data_ptr(), int(logits.dtype == torch.bfloat16), logits.stride(0),
+                     rows, cols, out.data_ptr(), c_build.threads(rows, MIN_FLOATS_PER_THREAD // cols))
         return out
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

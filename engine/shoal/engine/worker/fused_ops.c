@@ -120,3 +120,50 @@ int rope_bf16(const uint16_t *restrict x, int64_t tok_stride, int64_t head_strid
     }
     return 0;
 }
+
+/* argmax_rows: for each of `rows` rows of `cols` values (rows `stride` elements apart; float32,
+ * or bf16 if is_bf16), the index of its first maximum, as torch's max(dim=-1).indices gives it
+ * (-0 equals +0; a NaN counts as the maximum: the first NaN's index). The rows split across
+ * `threads`.
+ *
+ * The values are compared as integers: a float's bits with the magnitude bits flipped under a
+ * set sign bit (and negatives moved up by one, so -0 and +0 meet) order as the floats do, and
+ * an integer max is a reduction the compiler vectorises (a float one it may not: NaN rules).
+ * One pass keeps the first chunk that raised the maximum; the first index holding it is then
+ * looked for in that chunk alone. */
+#define ARGMAX_CHUNK 256
+#define ARGMAX_ROW(NAME, UT, ST, SHIFT, ABS, INF)                                            \
+    static inline ST NAME##_key(UT u) {                                                     \
+        return (ST)(u ^ ((UT)((ST)u >> SHIFT) & ABS)) + (ST)(u >> SHIFT);                   \
+    }                                                                                       \
+    static int64_t NAME(const UT *v, int64_t cols) {                                        \
+        ST best = 0; int64_t best_chunk = -1; int nan = 0;                                   \
+        for (int64_t c = 0; c < cols; c += ARGMAX_CHUNK) {                                  \
+            int64_t e = c + ARGMAX_CHUNK < cols ? c + ARGMAX_CHUNK : cols;                  \
+            ST m = NAME##_key(v[c]);                                                        \
+            for (int64_t i = c; i < e; i++) {                                               \
+                ST k = NAME##_key(v[i]);                                                    \
+                m = k > m ? k : m;                                                          \
+                nan |= (v[i] & ABS) > INF;                                                  \
+            }                                                                               \
+            if (best_chunk < 0 || m > best) { best = m; best_chunk = c; }                    \
+        }                                                                                   \
+        if (nan) {                                                                          \
+            for (int64_t i = 0; i < cols; i++)                                              \
+                if ((v[i] & ABS) > INF) return i;                                           \
+        }                                                                                   \
+        for (int64_t i = best_chunk; i < cols; i++)                                         \
+            if (NAME##_key(v[i]) == best) return i;                                         \
+        return 0;                                                                           \
+    }
+ARGMAX_ROW(argmax_bf16, uint16_t, int16_t, 15, 0x7FFF, 0x7F80)
+ARGMAX_ROW(argmax_f32, uint32_t, int32_t, 31, 0x7FFFFFFF, 0x7F800000)
+
+int argmax_rows(const void *x, int is_bf16, int64_t stride, int64_t rows, int64_t cols,
+                int64_t *restrict out, int threads) {
+    #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = is_bf16 ? argmax_bf16((const uint16_t *)x + r * stride, cols)
+                         : argmax_f32((const uint32_t *)x + r * stride, cols);
+    return 0;
+}

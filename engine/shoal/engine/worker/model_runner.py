@@ -264,7 +264,8 @@ class ModelRunner:
         # has logprob -inf).
         raw = logprobs.raw_logprobs(logits[want]) if want and self.rank == 0 else None
         sampling = build_sampling_metadata(states, self.vocab_size, self.device)
-        tokens_t = sample(logits, sampling, self.generator)
+        tokens_t = sample(logits, sampling, self.generator,
+                          self.fused.ops.argmax if self.fused.ops is not None else None)
         tokens = tokens_t.tolist()
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token)

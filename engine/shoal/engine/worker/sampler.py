@@ -9,12 +9,15 @@ the batch; unseeded rows share the engine's generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from shoal.engine.structured.bitmask import apply_bitmask
 
 _NEG_INF = float("-inf")
+
+Argmax = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
 @dataclass
@@ -73,20 +76,27 @@ def _top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def sample(logits: torch.Tensor, m: SamplingMetadata, generator: torch.Generator | None = None):
-    """Return one token id per row, as a 1-D long tensor."""
+def greedy(logits: torch.Tensor, argmax: Argmax | None = None) -> torch.Tensor:
+    """Each row's first maximum: `argmax` (a faster equal kernel, None where it does not take
+    these logits) or torch's max().indices (not argmax(): the same first-maximum index, ~35%
+    faster on CPU, 2 vs 3.2 ms for 200 x 8192 float32 logits, one thread)."""
+    out = argmax(logits) if argmax is not None else None
+    return out if out is not None else logits.max(dim=-1).indices
+
+
+def sample(logits: torch.Tensor, m: SamplingMetadata, generator: torch.Generator | None = None,
+           argmax: Argmax | None = None):
+    """Return one token id per row, as a 1-D long tensor. argmax: see greedy()."""
     if m.all_greedy and m.banned_rows is None and m.output_token_ids is None:
         # Nothing edits the logits: the argmax in their own dtype (a bf16 -> float32 copy is
         # exact, so the same index), without a float32 copy of the whole batch's logits.
-        return logits.max(dim=-1).indices
+        return greedy(logits, argmax)
     logits = logits.float()
     if m.banned_rows is not None:
         logits[m.banned_rows, m.banned_tokens] = _NEG_INF
     if m.output_token_ids is not None:
         logits = apply_penalties(logits, m)
-    # max().indices, not argmax(): the same first-maximum index, ~35% faster on CPU (2 vs 3.2 ms
-    # for 200 x 8192 float32 logits, one thread), and this runs every step.
-    greedy_tokens = logits.max(dim=-1).indices
+    greedy_tokens = greedy(logits, argmax)
     if m.all_greedy:
         return greedy_tokens
     logits = logits / m.temperature.unsqueeze(1)
