@@ -92,9 +92,9 @@ def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
     logits, sampled = [], []
     real_sample = mr.sample
 
-    def spy(step_logits, metadata, generator):
+    def spy(step_logits, metadata, generator, argmax=None):
         logits.append(step_logits.clone())
-        return real_sample(step_logits, metadata, generator)
+        return real_sample(step_logits, metadata, generator, argmax)
 
     mr.sample = spy
     try:
