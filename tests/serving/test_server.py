@@ -51,6 +51,24 @@ def test_the_engine_takes_every_usable_cpu_by_default(server):
     assert f"rank 0: {usable_cpus()} torch threads" in server.log()
 
 
+def test_a_cpu_server_takes_vllms_batch_defaults_and_says_so(server):
+    """No --max-num-seqs or --max-num-batched-tokens on the CPU: vLLM's API-server defaults
+    there (128 seats, 2048 tokens a step), in the start-up log line."""
+    assert "128 seats, 2048 tokens per step" in server.log()
+
+
+def test_batch_defaults_follow_the_device_the_group_and_the_performance_mode():
+    from shoal.engine.config import ConfigError, serving_batch_defaults
+
+    assert serving_batch_defaults("cpu", 1) == (128, 2048)
+    assert serving_batch_defaults("cpu", 2) == (256, 4096)  # per rank, as vLLM's
+    assert serving_batch_defaults("cpu", 1, "throughput") == (256, 4096)
+    assert serving_batch_defaults("cuda", 1) == (256, 2048)
+    assert serving_batch_defaults("cuda:1", 4, "throughput") == (512, 4096)
+    with pytest.raises(ConfigError, match="interactivity"):
+        serving_batch_defaults("cpu", 1, "interactivity")
+
+
 # ----- completions and chat ---------------------------------------------------------------
 
 
@@ -344,7 +362,8 @@ def test_serve_help_explains_every_vllm_flag():
                  "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--dtype", "--seed", "--api-key",
                  "--shutdown-timeout", "--kv-cache-memory-bytes", "--tensor-parallel-size",
-                 "--headless", "--nnodes", "--node-rank", "--master-addr", "--master-port"]:
+                 "--headless", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                 "--performance-mode"]:
         assert flag in out, flag
 
 

@@ -23,6 +23,31 @@ DEFAULT_CPU_KV_CACHE_GIB = 1.0
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+PERFORMANCE_MODES = ("balanced", "throughput")
+
+
+def serving_batch_defaults(device: str, world_size: int,
+                           performance_mode: str = "balanced") -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for an API server given neither: vLLM's own
+    (vllm/engine/arg_utils.py, get_batch_defaults) so a server answers as a vLLM user expects.
+
+    On the CPU vLLM's API server seats 128 requests and budgets 2,048 tokens a step, per rank
+    of the tensor-parallel group: fewer seats than a GPU's, which keeps inter-token latency
+    down on cores that the frontend shares (benchmarks/README.md, "Seats"). Elsewhere 256 and
+    2,048, vLLM's figures for GPUs under 70 GiB (vLLM seats 1,024 on larger ones: pass
+    --max-num-seqs there). `throughput` doubles both, as vLLM's --performance-mode does."""
+    if device == "cpu":
+        seats, tokens = 128 * world_size, 2048 * world_size
+    else:
+        seats, tokens = 256, 2048
+    if performance_mode not in PERFORMANCE_MODES:
+        _fail(f"performance_mode must be one of {list(PERFORMANCE_MODES)}, got "
+              f"{performance_mode!r}.")
+    if performance_mode == "throughput":
+        seats, tokens = 2 * seats, 2 * tokens
+    return seats, tokens
+
+
 def _fail(msg: str) -> None:
     raise ConfigError(msg)
 

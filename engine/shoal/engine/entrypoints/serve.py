@@ -21,6 +21,8 @@ import signal
 import sys
 import time
 
+from shoal.engine.config import PERFORMANCE_MODES, serving_batch_defaults
+
 logger = logging.getLogger("shoal.serve")
 
 # After the engine dies, keep answering (503 on /health, 500 with the root cause on requests)
@@ -72,10 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     eng = p.add_argument_group("engine")
     eng.add_argument("--max-model-len", type=int, default=None,
                      help="context length (prompt + output); default: the model's own")
-    eng.add_argument("--max-num-seqs", type=int, default=256,
-                     help="most requests running in one batch")
-    eng.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                     help="token budget of one engine step (long prompts are chunked)")
+    eng.add_argument("--max-num-seqs", type=int, default=None,
+                     help="most requests running in one batch (default, vLLM's: 128 per rank on "
+                          "the CPU, 256 on a GPU)")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="token budget of one engine step, long prompts are chunked (default, "
+                          "vLLM's: 2048 per rank on the CPU, 2048 on a GPU)")
+    eng.add_argument("--performance-mode", choices=PERFORMANCE_MODES, default="balanced",
+                     help="throughput: twice the default seats and token budget, for "
+                          "aggregate tokens/s over per-request latency (vLLM's flag)")
     eng.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                      default=True, help="reuse KV blocks of shared prompt prefixes")
@@ -182,11 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         return _config_error(problem)
     from shoal.engine.config import EngineConfig
 
+    seats, tokens = serving_batch_defaults(args.device, args.tensor_parallel_size,
+                                           args.performance_mode)
     try:
         config = EngineConfig(
             model=args.model, dtype=args.dtype, device=args.device,
-            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            max_num_seqs=seats if args.max_num_seqs is None else args.max_num_seqs,
+            max_num_batched_tokens=(tokens if args.max_num_batched_tokens is None
+                                    else args.max_num_batched_tokens),
+            block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
             num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed,
@@ -243,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("stopped during start-up (%s); the engine was stopped", exc or "SIGINT")
         return 0 if str(exc) == "SIGTERM" else 130
     r = llm.ready
-    logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, engine start-up %.1f s",
-                r.num_blocks, r.block_size, r.max_model_len, r.startup_seconds)
+    logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, %d seats, %d tokens "
+                "per step, engine start-up %.1f s", r.num_blocks, r.block_size, r.max_model_len,
+                config.max_num_seqs, config.max_num_batched_tokens, r.startup_seconds)
     from shoal.engine.entrypoints import event_loop
 
     return event_loop.run(_serve(llm, args, names, started))
