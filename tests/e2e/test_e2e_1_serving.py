@@ -1,6 +1,7 @@
 """apply -> Ready -> the official `openai` client through the Service (completion and stream);
-the frontend becomes ready within seconds of its group; kill -9 of the EngineCore inside rank
-0's container is named in status, the group restarts with backoff, serving resumes."""
+the frontend becomes ready within seconds of its group; the engine pod compiles and runs the
+CPU kernels; kill -9 of the EngineCore inside rank 0's container is named in status, the group
+restarts with backoff, serving resumes."""
 
 from __future__ import annotations
 
@@ -95,6 +96,19 @@ def test_ready_means_a_completion_answers(cluster, served):
     lag = served["first_token_at"] - ready_at
     record("ready_to_first_token", lag)
     assert lag <= 20, f"the first token came {lag:.0f}s after the resource said Ready"
+
+
+def test_the_engine_image_compiles_and_runs_the_cpu_kernels(cluster, served):
+    """The shipped image has what the C kernels need (gcc, libgomp for -fopenmp): the engine
+    builds them in its pod and says it runs them, instead of falling back to torch's ops."""
+    ns = served["ns"]
+    engines = pods(cluster, ns, f"shoal.dev/engine={NAME},shoal.dev/component=engine")
+    assert engines
+    for pod in engines:
+        log = cluster.kubectl("logs", "-n", ns, pod["metadata"]["name"], "--all-containers",
+                              timeout=30).stdout
+        assert "decode attention: CPU paged-decode kernel" in log, log[-3000:]
+        assert "norms and activations: fused RMSNorm" in log, log[-3000:]
 
 
 def test_kill9_engine_core_is_named_restarted_and_serving_resumes(cluster, served):
