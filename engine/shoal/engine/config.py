@@ -33,9 +33,10 @@ def serving_batch_defaults(device: str, world_size: int,
 
     On the CPU vLLM's API server seats 128 requests and budgets 2,048 tokens a step, per rank
     of the tensor-parallel group: fewer seats than a GPU's, which keeps inter-token latency
-    down on cores that the frontend shares (benchmarks/README.md, "Seats"). Elsewhere 256 and
-    2,048, vLLM's figures for GPUs under 70 GiB (vLLM seats 1,024 on larger ones: pass
-    --max-num-seqs there). `throughput` doubles both, as vLLM's --performance-mode does."""
+    down on cores that the frontend shares (benchmarks/README.md, "One OpenMP team and vLLM's
+    seats"). Elsewhere 256 and 2,048, vLLM's figures for GPUs under 70 GiB (vLLM seats 1,024
+    on larger ones: pass --max-num-seqs there). `throughput` doubles both, as vLLM's
+    --performance-mode does."""
     if device == "cpu":
         seats, tokens = 128 * world_size, 2048 * world_size
     else:
