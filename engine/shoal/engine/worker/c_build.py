@@ -13,8 +13,8 @@ kernels' threads are the very threads torch's ops run on. They spin briefly betw
 the next op up at once; the Python thread pool this replaced ran beside them, and either both
 pools fought for the cores or (with OMP_WAIT_POLICY=PASSIVE, what the engine had to set) every
 torch op paid to wake its sleeping threads: 40-60 us per op on a 2-core VM, about 2 ms of a tiny
-decode step (benchmarks/README.md, "One OpenMP team and vLLM's seats"). `load` checks that only one OpenMP
-runtime is mapped and refuses the library otherwise.
+decode step (benchmarks/README.md, "One OpenMP team and vLLM's seats"). `load` checks that
+only one OpenMP runtime is mapped and refuses the library otherwise.
 """
 
 from __future__ import annotations
