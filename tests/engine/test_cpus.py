@@ -29,3 +29,18 @@ def test_usable_cpus_takes_the_cgroup_limit(tmp_path, files, want):
 @pytest.mark.parametrize("ranks, n, want", [(1, 2, 2), (1, 1, 1), (2, 9, 4), (4, 2, 1)])
 def test_engine_threads_split_the_usable_cpus_over_the_ranks(ranks, n, want):
     assert cpus.engine_threads(ranks, cpus=n) == want
+
+
+def test_idle_openmp_threads_sleep_unless_the_process_has_cpus_of_its_own(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    env, why = cpus.omp_wait_env({})
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"} and "may share its cores" in why
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3})  # a cpuset of its own
+    env, why = cpus.omp_wait_env({})
+    assert env == {} and "pinned to 2 of 4 CPUs" in why
+    # Whoever set a policy or a spin count decided: nothing is added.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cpus.omp_wait_env({"GOMP_SPINCOUNT": "300000"}) == (
+        {}, "idle OpenMP threads as the environment says (GOMP_SPINCOUNT=300000)")
+    assert cpus.omp_wait_env({"OMP_WAIT_POLICY": "ACTIVE"})[0] == {}

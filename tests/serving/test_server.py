@@ -51,6 +51,17 @@ def test_the_engine_takes_every_usable_cpu_by_default(server):
     assert f"rank 0: {usable_cpus()} torch threads" in server.log()
 
 
+def test_the_engine_says_whether_its_idle_openmp_threads_sleep(server):
+    """Set before torch loads OpenMP in the engine process (cpus.omp_wait_env: sleep unless
+    pinned to CPUs of its own or told otherwise), and logged with the reason."""
+    from shoal.engine.cpus import omp_wait_env
+
+    env, why = omp_wait_env()
+    policy = env.get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "unset"))
+    assert why in server.log()
+    assert f"torch threads (OMP_WAIT_POLICY {policy})" in server.log()
+
+
 def test_a_cpu_server_takes_vllms_batch_defaults_and_says_so(server):
     """No --max-num-seqs or --max-num-batched-tokens on the CPU: vLLM's API-server defaults
     there (128 seats, 2048 tokens a step), in the start-up log line."""

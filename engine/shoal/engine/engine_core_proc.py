@@ -512,9 +512,15 @@ def write_dead_termination(dead: wire.EngineDead) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Before torch loads its OpenMP runtime (cpus.py says why and when threads sleep).
+    from shoal.engine.cpus import omp_wait_env
+
+    omp_env, omp_why = omp_wait_env()
+    os.environ.update(omp_env)
     spec = msgspec.json.decode(argv[0], type=EngineProcSpec)
     logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [engine %(process)d] %(message)s")
+    logging.getLogger(__name__).info("%s", omp_why)
     return EngineCoreProc(spec).run()
 
 

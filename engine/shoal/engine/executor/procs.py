@@ -16,6 +16,7 @@ import sys
 import time
 
 import msgspec
+from shoal.engine.cpus import omp_wait_env
 
 PR_SET_PDEATHSIG = 1
 
@@ -41,7 +42,8 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def spawn_worker(spec: msgspec.Struct, env: dict[str, str] | None = None) -> subprocess.Popen:
-    child_env = {**os.environ, **(env or {})}
+    # Before torch loads OpenMP in the child (cpus.py: when idle OpenMP threads sleep).
+    child_env = {**os.environ, **omp_wait_env()[0], **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "shoal.engine.executor.worker_proc",
          msgspec.json.encode(spec).decode()],

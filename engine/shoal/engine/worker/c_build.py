@@ -9,12 +9,12 @@ reason logged, when there is no compiler or the build or the load fails.
 Threads: the kernels split their rows with OpenMP, and must do it on torch's own OpenMP team.
 torch's wheel ships libgomp.so.1 and loads it with torch; a library linked against libgomp.so.1
 and loaded after torch is bound by the dynamic loader to that same copy (same soname), so the
-kernels' threads are the very threads torch's ops run on. They spin briefly between ops and pick
-the next op up at once; the Python thread pool this replaced ran beside them, and either both
-pools fought for the cores or (with OMP_WAIT_POLICY=PASSIVE, what the engine had to set) every
-torch op paid to wake its sleeping threads: 40-60 us per op on a 2-core VM, about 2 ms of a tiny
-decode step (benchmarks/README.md, "One OpenMP team and vLLM's seats"). `load` checks that
-only one OpenMP runtime is mapped and refuses the library otherwise.
+kernels' threads are the very threads torch's ops run on. The Python thread pool this replaced
+ran beside them: either both pools fought for the cores, or (with OMP_WAIT_POLICY=PASSIVE, what
+the engine had to set) every torch op paid to wake its sleeping threads, 40-60 us per op on a
+2-core VM. With one team, threads may spin between ops where the cores are the engine's own
+(cpus.omp_wait_env; benchmarks/README.md, "One OpenMP team and vLLM's seats"). `load` checks
+that only one OpenMP runtime is mapped and refuses the library otherwise.
 """
 
 from __future__ import annotations

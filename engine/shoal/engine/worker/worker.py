@@ -7,6 +7,7 @@ worker runs inline (UniProcExecutor) or in a child process (a multiprocess execu
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from shoal.engine.config import EngineConfig
@@ -39,7 +40,8 @@ class Worker:
             torch.cuda.set_device(self.device)
         # Unset (the offline LLM): every CPU this process may use, not torch's node-wide count.
         torch.set_num_threads(self.config.num_threads or usable_cpus())
-        log.info("rank %d: %d torch threads", self.rank, torch.get_num_threads())
+        log.info("rank %d: %d torch threads (OMP_WAIT_POLICY %s)", self.rank,
+                 torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"))
         torch.manual_seed(self.config.seed)
         self.model_runner = ModelRunner(self.config, self.device, self.rank)
 
