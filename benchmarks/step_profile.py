@@ -29,6 +29,13 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
+from shoal.engine.cpus import omp_wait_env
+
+# As the engine process does (engine_core_proc.main), before torch loads OpenMP: idle OpenMP
+# threads sleep unless this process is pinned or the environment says otherwise (cpus.py).
+OMP_ENV, OMP_WHY = omp_wait_env()
+os.environ.update(OMP_ENV)
+
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -150,6 +157,7 @@ def main() -> None:
     named = ("schedule", "inputs", "forward", "sampling", "update", "output")
     other = per["step"] - sum(per.get(k, 0.0) for k in named)
     print(cpu_flags())
+    print(OMP_WHY)
     print(f"model shoal-{args.model}, dtype {runner_dtype(core)}, {args.num_requests} requests x {args.input_len} prompt tokens, {args.steps} decode"
           f" steps, torch threads {torch.get_num_threads()}")
     print(f"prefill: {prefill_steps} steps of up to {config.max_num_batched_tokens} tokens, "

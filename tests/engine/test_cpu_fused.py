@@ -84,7 +84,9 @@ def test_a_row_does_not_depend_on_the_thread_split(ops):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_argmax_is_torchs_first_maximum_with_ties_nans_and_strided_rows(ops, dtype):
-    wide = randn(203, 8200).to(dtype)  # rows 8200 apart, 8192 read: a view, as a logits slice
+    # Rows 8200 apart, 8192 read (a view, as a logits slice); enough rows for three threads.
+    wide = randn(803, 8200).to(dtype)
+    assert 803 * 8192 >= 3 * cpu_fused.ARGMAX_MIN_FLOATS_PER_THREAD
     logits = wide[:, :8192]
     logits[0] = 1.0  # all tied: the first
     logits[1, 5000] = logits[1, 7000] = 1e4  # tied maximum: the first of the two
