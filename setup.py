@@ -8,4 +8,4 @@ for root in ("engine", "operator"):
         packages.append(pkg)
         package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja", "*.c"]})
+setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja", "*.c", "*.h"]})

@@ -144,6 +144,20 @@ def test_build_is_cached_by_source_flags_and_cpu(tmp_path, monkeypatch):
     assert cpu_kernel.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
 
 
+def test_a_changed_header_rebuilds_the_library(tmp_path, monkeypatch):
+    import shutil as sh
+
+    monkeypatch.setenv("SHOAL_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    source = sh.copy(cpu_kernel.SOURCE, src / cpu_kernel.SOURCE.name)
+    header = sh.copy(cpu_kernel.SOURCE.with_name("bf16.h"), src / "bf16.h")
+    first = c_build.build(source)
+    with open(header, "a") as f:
+        f.write("// changed\n")
+    assert c_build.build(source) != first
+
+
 def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
         make_llm, tiny_model, tmp_path, monkeypatch, caplog):
     params = wire.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

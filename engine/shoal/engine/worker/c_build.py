@@ -1,10 +1,11 @@
 """Build and load the engine's small C kernels (paged_decode.c, fused_ops.c).
 
 Build: `$CC`, else cc / gcc / clang, with -O3 -march=native -fopenmp, into
-`$SHOAL_CACHE/kernels/` (default ~/.cache/shoal/kernels) under a name that hashes the source, the
-flags and the CPU's feature flags, so a cache shared between different CPUs stays correct. Plain
-C without torch headers: about a second each, once. Callers fall back to torch ops, with the
-reason logged, when there is no compiler or the build or the load fails.
+`$SHOAL_CACHE/kernels/` (default ~/.cache/shoal/kernels) under a name that hashes the source with
+the headers beside it (bf16.h), the flags and the CPU's feature flags, so a cache shared between
+different CPUs stays correct. Plain C without torch headers: about a second each, once. Callers
+fall back to torch ops, with the reason logged, when there is no compiler or the build or the
+load fails.
 
 Threads: the kernels split their rows with OpenMP, and must do it on torch's own OpenMP team.
 torch's wheel ships libgomp.so.1 and loads it with torch; a library linked against libgomp.so.1
@@ -63,7 +64,8 @@ def build(source: Path) -> Path:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set $CC, or install gcc)")
-    text = source.read_bytes()
+    # The headers beside the source (bf16.h) are part of what is compiled.
+    text = b"".join(f.read_bytes() for f in [source, *sorted(source.parent.glob("*.h"))])
     key = hashlib.sha256(text + " ".join(FLAGS).encode() + cpu_flags().encode()).hexdigest()
     target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():

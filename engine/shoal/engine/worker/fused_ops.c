@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 int rms_norm_f32(const float *restrict x, int64_t x_stride, const float *restrict w,
                  float w_offset, float *restrict out, int64_t rows, int64_t hidden, float eps,
                  int threads) {
@@ -65,14 +67,8 @@ int rope_f32(const float *restrict x, int64_t tok_stride, int64_t head_stride,
  * rms_norm_bf16: round_twice = 1 is Llama's `w * x_hat.to(bf16)` (x_hat rounded, then the
  * product); 0 is Gemma's `(x_hat * (1 + w.float())).type_as(x)` and OLMo-2's `(w * x_hat).to()`
  * (one rounding at the end). */
-static inline float bf(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16; float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t to_bf(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
+static inline float bf(uint16_t x) { return bf16_to_f32(x); }
+static inline uint16_t to_bf(float f) { return f32_to_bf16(f); }
 static inline float round_bf(float f) { return bf(to_bf(f)); }
 
 int rms_norm_bf16(const uint16_t *restrict x, int64_t x_stride, const uint16_t *restrict w,

@@ -26,19 +26,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "bf16.h"
+
 // Keep in step with MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_GROUP in cpu_kernel.py.
 #define MAXD 256
 #define MAXG 16
 #define MAXBS 64
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16; float f; memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 // Sixteen floats as one value (GCC/Clang vector extensions): one AVX-512 register where the CPU
 // has AVX-512 (-march=native), two AVX registers on AVX2, split further elsewhere. bf16 loads
