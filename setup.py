@@ -1,9 +1,9 @@
-"""Map the two source roots into one `shoal` import namespace (see pyproject.toml)."""
+"""Map the source roots (one per component) into one `shoal` import namespace (pyproject.toml)."""
 
 from setuptools import find_namespace_packages, setup
 
 packages, package_dir = [], {}
-for root in ("engine", "operator"):
+for root in ("contract", "engine", "router", "operator", "cli"):
     for pkg in find_namespace_packages(root, include=["shoal.*"]):
         packages.append(pkg)
         package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"

@@ -56,13 +56,13 @@ def main() -> None:
         gateway = f"http://127.0.0.1:{gport}"
         (Path(tmp) / "m.json").write_text(json.dumps(
             {"model": "m", "groups": [{"group": 0, "url": engine}]}))
-        procs = [subprocess.Popen([py, "-m", "shoal.engine.cli", "serve",
+        procs = [subprocess.Popen([py, "-m", "shoal.cli", "serve",
                                    str(MODELS / f"shoal-{args.model}"), "--host", "127.0.0.1",
                                    "--port", str(port), "--served-model-name", "m",
                                    "--kv-cache-memory-bytes", "64M"],
                                   start_new_session=True, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL),
-                 subprocess.Popen([py, "-m", "shoal.engine.router.gateway", "--host",
+                 subprocess.Popen([py, "-m", "shoal.router.gateway", "--host",
                                    "127.0.0.1", "--port", str(gport), "--discovery-dir", tmp],
                                   start_new_session=True, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)]

@@ -5,7 +5,7 @@ as many applications' requests share one), `--per-system` chat requests per syst
 a short question of their own, in a seeded shuffled order, `--concurrency` at a time (closed
 loop), streamed, `--max-tokens` output tokens. For each routing the script starts `--groups`
 fresh `shoal serve` groups (empty prefix caches; `--kv` KV cache each, small enough that one
-group cannot hold every system prompt) and a gateway (`python -m shoal.engine.router.gateway`)
+group cannot hold every system prompt) and a gateway (`python -m shoal.router.gateway`)
 over them, runs the workload once to warm nothing but the process (a different seed), then
 measures:
 
@@ -97,7 +97,7 @@ class Fleet:
         py = sys.executable
         for _ in range(args.groups):
             port = free_port()
-            cmd = [py, "-m", "shoal.engine.cli", "serve", str(MODELS / f"shoal-{args.model}"),
+            cmd = [py, "-m", "shoal.cli", "serve", str(MODELS / f"shoal-{args.model}"),
                    "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
                    "--kv-cache-memory-bytes", args.kv, "--num-threads", str(args.threads),
                    "--max-model-len", "2048"]
@@ -111,7 +111,7 @@ class Fleet:
         port = free_port()
         self.gateway = f"http://127.0.0.1:{port}"
         self.procs.append(subprocess.Popen(
-            [py, "-m", "shoal.engine.router.gateway", "--host", "127.0.0.1", "--port", str(port),
+            [py, "-m", "shoal.router.gateway", "--host", "127.0.0.1", "--port", str(port),
              "--discovery-dir", str(tmp / "discovery"), "--routing", routing,
              "--prefix-imbalance", str(args.imbalance)],
             start_new_session=True, stdout=subprocess.DEVNULL,

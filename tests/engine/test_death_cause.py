@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from shoal.engine.errors import ConfigError, ModelNotFoundError, UnsupportedModelError, death_cause
-from shoal.engine.termination import Cause, is_permanent
+from shoal.contract.termination import Cause, is_permanent
 
 
 class OutOfMemoryError(RuntimeError):  # torch's class name; torch is not needed to test it

@@ -123,7 +123,7 @@ def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_pa
     from shoal.engine.config import check_model_readable
     from shoal.engine.engine_core_proc import termination_cause
     from shoal.engine.errors import death_cause
-    from shoal.engine.termination import Cause, is_permanent
+    from shoal.contract.termination import Cause, is_permanent
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"x")

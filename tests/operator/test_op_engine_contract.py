@@ -40,7 +40,7 @@ def _serve(model: str, term: Path, *args: str) -> subprocess.Popen:
     term.write_text("")  # the kubelet creates the file empty
     env = {**os.environ, "SHOAL_TERMINATION_LOG": str(term)}
     log = open(term.with_suffix(".log"), "wb")
-    return subprocess.Popen([sys.executable, "-m", "shoal.engine.cli", "serve", model, *args],
+    return subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", model, *args],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shoal.engine.termination import Cause, encode
+from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator.failures import failure_of, root_cause
 

@@ -13,7 +13,8 @@ import pytest
 from op_builders import engine
 from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate
 from op_support import api_error, condition, create_ie, events, ie, pods
-from shoal.engine.termination import Cause, encode
+from shoal.contract import discovery
+from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from support.wait import wait_for
 
@@ -69,14 +70,14 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, ns):
     _ready_all(kube, ns, "llm", group=0)
     wait_for(lambda: _status(kube, ns, "llm").get("ready") == "1/2", timeout=10, what="1/2 ready")
     cm = kube.get("v1", "configmaps", ns, "llm-engines")
-    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0]
+    assert [g["group"] for g in json.loads(cm["data"][discovery.KEY])["groups"]] == [0]
     _ready_all(kube, ns, "llm", group=1)
     st = wait_for(lambda: (lambda s: s if s.get("phase") == "Ready" else None)(_status(kube, ns, "llm")), timeout=10)
     assert st["ready"] == "2/2" and condition({"status": st}, "Ready")["status"] == "True"
     assert st["observedGeneration"] == ie(kube, ns, "llm")["metadata"]["generation"]
     assert [r["pod"] for r in st["groups"][1]["ranks"]] == ["llm-g1-r0", "llm-g1-r1"]
     cm = kube.get("v1", "configmaps", ns, "llm-engines")
-    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0, 1]
+    assert [g["group"] for g in json.loads(cm["data"][discovery.KEY])["groups"]] == [0, 1]
 
     # Printer columns, as `kubectl get ie` shows them (server-side table).
     table = _table(kube, ns)
@@ -146,7 +147,7 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     assert r0["metadata"]["deletionGracePeriodSeconds"] == 75  # 60 s drain + 15 s margin
     # Group 1 left the discovery file before it began to drain.
     cm = kube.get("v1", "configmaps", ns, "sc-engines")
-    assert [g["group"] for g in json.loads(cm["data"][L.DISCOVERY_FILE])["groups"]] == [0]
+    assert [g["group"] for g in json.loads(cm["data"][discovery.KEY])["groups"]] == [0]
     wait_for(lambda: events(kube, ns, "DrainStarted"), timeout=10, what="a DrainStarted event")
     # The headless rank stays up while rank 0 drains: it is needed for every forward pass.
     assert not pods(kube, ns, "sc", 1)["sc-g1-r1"]["metadata"].get("deletionTimestamp")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from op_builders import engine
-from shoal.engine.termination import Cause, encode
+from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.actions import ApplyChildren, CreatePods, DeletePod, EmitEvent, WriteDiscovery

@@ -7,7 +7,7 @@ import pytest
 from op_builders import engine
 from op_kubelet import bind, ready_frontends, set_ready, terminate
 from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
-from shoal.engine.termination import Cause, encode
+from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from op_builders import engine
+from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.validation import spec_problems
@@ -152,7 +153,7 @@ def test_frontend_serves_port_8000_and_reads_the_discovery_file():
     dep = render.frontend_deployment(body)
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert dep["spec"]["replicas"] == 3
-    assert _flag(c["args"], "--engine-discovery-file") == f"{L.DISCOVERY_MOUNT}/{L.DISCOVERY_FILE}"
+    assert _flag(c["args"], "--engine-discovery-file") == f"{discovery.MOUNT_DIR}/{discovery.KEY}"
     svc = render.frontend_service(body)
     assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
@@ -160,7 +161,7 @@ def test_frontend_serves_port_8000_and_reads_the_discovery_file():
 
 def test_discovery_lists_only_the_ready_groups_by_stable_rank0_address():
     body = engine("llm", "prod").groups(3).obj()
-    data = json.loads(render.discovery_configmap(body, [2, 0])["data"][L.DISCOVERY_FILE])
+    data = json.loads(render.discovery_configmap(body, [2, 0])["data"][discovery.KEY])
     assert data == {"model": "tiny", "groups": [
         {"group": 0, "url": "http://llm-g0-r0.llm-ranks.prod.svc:8000"},
         {"group": 2, "url": "http://llm-g2-r0.llm-ranks.prod.svc:8000"}]}
@@ -273,7 +274,7 @@ def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not(
 def test_the_frontends_routing_reaches_the_router_as_it_reads_it(monkeypatch):
     """spec.frontend.routing is rendered into the frontend's environment; the router's own
     reader accepts it (render's output fed to the router, not a copy of the variable's name)."""
-    from shoal.engine.router.main import routing_from_env
+    from shoal.router.main import routing_from_env
     from shoal.operator import render
 
     for routing in ("least-outstanding", "prefix-affinity"):

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from shoal.engine.termination import (
+from shoal.contract.termination import (
     MAX_MESSAGE_BYTES,
     TEXT_RULES,
     Cause,

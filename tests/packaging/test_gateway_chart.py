@@ -59,7 +59,7 @@ def test_gateway_may_only_read_configmaps_where_it_serves(helm_template):
 
 def test_the_charts_command_line_is_the_gateways(helm_template):
     """The rendered args, parsed by the gateway's own argument parser."""
-    from shoal.engine.router.gateway import build_parser
+    from shoal.router.gateway import build_parser
 
     objs = helm_template("--set", "gateway.routing=prefix-affinity",
                          "--set", "gateway.prefixImbalance=6", "--set", "logLevel=warning")

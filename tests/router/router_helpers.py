@@ -34,12 +34,12 @@ def write_discovery(path: Path, engines: dict[int, ServeProcess], model: str = M
 
 
 class RouterProcess(ServerProcess):
-    """`shoal serve --frontend-only` routing to the groups listed in a discovery file."""
+    """`shoal router` routing to the groups listed in a discovery file."""
 
     def __init__(self, model: str, discovery: Path, tmp: Path, *flags: str,
                  api_key: str | None = API_KEY, env: dict | None = None) -> None:
         self.port = free_port()
-        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--frontend-only",
+        args = [sys.executable, "-m", "shoal.cli", "router", "--model", model,
                 "--engine-discovery-file", str(discovery), "--host", "127.0.0.1",
                 "--port", str(self.port), "--served-model-name", MODEL_NAME, *flags]
         if api_key:
@@ -85,12 +85,12 @@ def kill_group(engine: ServeProcess) -> None:
 
 
 class GatewayProcess(ServerProcess):
-    """`python -m shoal.engine.router.gateway` over a discovery directory and/or the API."""
+    """`python -m shoal.router.gateway` over a discovery directory and/or the API."""
 
     def __init__(self, tmp: Path, *flags: str, api_key: str | None = API_KEY,
                  env: dict | None = None) -> None:
         self.port = free_port()
-        args = [sys.executable, "-m", "shoal.engine.router.gateway", "--host", "127.0.0.1",
+        args = [sys.executable, "-m", "shoal.router.gateway", "--host", "127.0.0.1",
                 "--port", str(self.port), *flags]
         if api_key:
             args += ["--api-key", api_key]

@@ -4,7 +4,8 @@ one part's real output fed into the other (no hand-typed copy of the format)."""
 from __future__ import annotations
 
 import pytest
-from shoal.engine.router.discovery import DiscoveryWatcher, Group, parse_discovery
+from shoal.contract import discovery
+from shoal.router.discovery import DiscoveryWatcher, Group, parse_discovery
 from shoal.operator import labels as L
 from shoal.operator import render
 
@@ -18,7 +19,7 @@ def _body(name: str = "llm", ns: str = "prod", replicas: int = 3) -> dict:
 @pytest.mark.parametrize("ready", [[], [0], [0, 2], [2, 1, 0]])
 def test_rendered_configmap_parses_into_the_ready_groups(ready):
     cm = render.discovery_configmap(_body(), ready)
-    found = parse_discovery(cm["data"][L.DISCOVERY_FILE])
+    found = parse_discovery(cm["data"][discovery.KEY])
     assert found.model == "tiny"
     assert found.groups == tuple(
         Group(g, f"http://llm-g{g}-r0.llm-ranks.prod.svc:{L.HTTP_PORT}") for g in sorted(ready))
@@ -36,15 +37,15 @@ def test_the_frontend_mounts_and_watches_what_the_operator_writes(tmp_path):
     (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     cm = render.discovery_configmap(body, [1])
     assert vol["configMap"]["name"] == cm["metadata"]["name"]
-    assert path == f"{mount['mountPath']}/{L.DISCOVERY_FILE}"
+    assert path == f"{mount['mountPath']}/{discovery.KEY}"
     env = {e["name"]: e for e in container["env"]}
     assert env["SHOAL_DISCOVERY_CONFIGMAP"]["value"] == cm["metadata"]["name"]
     assert pod["serviceAccountName"] == render.frontend_role_binding(body)["subjects"][0]["name"]
     (rule,) = render.frontend_role(body)["rules"]
     assert rule["resourceNames"] == [cm["metadata"]["name"]] and "watch" in rule["verbs"]
 
-    local = tmp_path / L.DISCOVERY_FILE
-    local.write_text(cm["data"][L.DISCOVERY_FILE])
+    local = tmp_path / discovery.KEY
+    local.write_text(cm["data"][discovery.KEY])
     seen = []
     DiscoveryWatcher(str(local), seen.append).check()
     assert [d.groups for d in seen] == [(Group(1, "http://llm-g1-r0.llm-ranks.prod.svc:8000"),)]
@@ -55,9 +56,9 @@ def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
     must be what `render` puts on the discovery ConfigMap, and its data must feed the fleet."""
     from pathlib import Path
 
-    from shoal.engine.router.discovery import Discovery
-    from shoal.engine.router.fleet import Fleet
-    from shoal.engine.router.fleet_sources import LABEL_ENGINE, SELECTOR, ConfigMapsSource
+    from shoal.router.discovery import Discovery
+    from shoal.router.fleet import Fleet
+    from shoal.router.fleet_sources import LABEL_ENGINE, SELECTOR, ConfigMapsSource
 
     cm = render.discovery_configmap(_body("llm", "prod"), [0, 2])
     labels = cm["metadata"]["labels"]
@@ -74,4 +75,4 @@ def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
     assert fleet.models() == {"tiny": ["prod/llm"]}
     # The discovery ConfigMap is the only ConfigMap the operator makes for an engine.
     cms = [o for o in render.render_children(_body("llm", "prod")) if o["kind"] == "ConfigMap"]
-    assert [c["metadata"]["name"] for c in cms] == [L.discovery_name("llm")]
+    assert [c["metadata"]["name"] for c in cms] == [discovery.configmap_name("llm")]

@@ -29,6 +29,7 @@ from router_helpers import (
     wait_for,
     write_atomically,
 )
+from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
 
@@ -71,7 +72,7 @@ def discovery_dir(fleet):
     d.mkdir()
     for name, groups in engines.items():
         rendered = render.discovery_data(_body(name, len(groups)), list(groups))
-        write_atomically(d / f"{name}.json", local_discovery(rendered[L.DISCOVERY_FILE], groups))
+        write_atomically(d / f"{name}.json", local_discovery(rendered[discovery.KEY], groups))
     return d
 
 

@@ -8,8 +8,8 @@ import logging
 import os
 
 import pytest
-from shoal.engine.router.discovery import DiscoveryWatcher, Group, parse_discovery
-from shoal.engine.router.picker import GroupPicker
+from shoal.router.discovery import DiscoveryWatcher, Group, parse_discovery
+from shoal.router.picker import GroupPicker
 
 G0, G1, G2 = Group(0, "http://a:8000"), Group(1, "http://b:8000"), Group(2, "http://c:8000")
 
@@ -110,22 +110,34 @@ def test_picker_follows_the_file():
     assert picker.pick() is None and "lists no engine groups" in picker.why_none()
 
 
-def test_frontend_only_without_discovery_file_is_a_usage_error(tmp_path):
+@pytest.mark.parametrize("argv", [["router"], ["serve", "some-model", "--frontend-only"]])
+def test_router_without_discovery_file_is_a_usage_error(argv):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "shoal.engine.cli", "serve", "some-model",
-                        "--frontend-only"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "shoal.cli", *argv], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 2
-    assert "--frontend-only needs --engine-discovery-file PATH" in r.stderr
+    assert "--engine-discovery-file" in r.stderr and "required" in r.stderr
 
 
 def test_the_operators_frontend_command_line_selects_the_router():
-    from shoal.engine.entrypoints.serve import build_parser
     from shoal.operator.render import frontend_args
+    from shoal.router.main import build_parser
 
     argv = frontend_args({"model": "/models/tiny", "servedModelName": "shoal-tiny"})
-    assert argv[0] == "serve"
+    assert argv[0] == "router"
     args = build_parser().parse_args(argv[1:])
-    assert args.frontend_only and args.engine_discovery_file.endswith("/engines.json")
+    assert args.engine_discovery_file.endswith("/engines.json") and args.model == "/models/tiny"
     assert args.served_model_name == ["shoal-tiny"] and (args.host, args.port) == ("0.0.0.0", 8000)
+
+
+def test_serve_frontend_only_is_an_alias_of_router():
+    from shoal.cli import frontend_only_alias
+    from shoal.router.main import build_parser
+
+    old = ["/models/tiny", "--served-model-name", "shoal-tiny", "--frontend-only",
+           "--engine-discovery-file", "/etc/shoal/discovery/engines.json", "--port", "8000"]
+    args = build_parser().parse_args(frontend_only_alias(old))
+    assert (args.model, args.served_model_name, args.port) == ("/models/tiny", ["shoal-tiny"], 8000)
+    assert args.engine_discovery_file == "/etc/shoal/discovery/engines.json"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from shoal.engine.router.affinity import PrefixAffinity, make_affinity, prompt_text
-from shoal.engine.router.aggregate import aggregate
-from shoal.engine.router.discovery import Discovery, Group
-from shoal.engine.router.fleet import Fleet
-from shoal.engine.router.picker import GroupPicker
-from shoal.engine.router.proxy import _event_kind
+from shoal.router.affinity import PrefixAffinity, make_affinity, prompt_text
+from shoal.router.aggregate import aggregate
+from shoal.router.discovery import Discovery, Group
+from shoal.router.fleet import Fleet
+from shoal.router.picker import GroupPicker
+from shoal.router.proxy import _event_kind
 
 G0, G1, G2 = Group(0, "http://a:8000"), Group(1, "http://b:8000"), Group(2, "http://c:8000")
 SYSTEM_A = "You are a helpful assistant for the billing team. " * 10

@@ -99,7 +99,7 @@ class ServeProcess(ServerProcess):
                  api_key: str | None = None) -> None:
         self.port = free_port()
         self.termination_log = tmp / f"termination-{self.port}.log"
-        args = [sys.executable, "-m", "shoal.engine.cli", "serve", model, "--host", "127.0.0.1",
+        args = [sys.executable, "-m", "shoal.cli", "serve", model, "--host", "127.0.0.1",
                 "--port", str(self.port), "--served-model-name", MODEL_NAME,
                 "--kv-cache-memory-bytes", KV_BYTES, *flags]
         if api_key:

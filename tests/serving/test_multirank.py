@@ -232,7 +232,7 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
         for rank in (1, 0):
             args = [subst.get(a, a) for a in render.engine_args(body, 0, rank)]
             env_r = {**env, "SHOAL_TERMINATION_LOG": str(tmp_path / f"term-{rank}")}
-            p = ServerProcess([sys.executable, "-m", "shoal.engine.cli", *args],
+            p = ServerProcess([sys.executable, "-m", "shoal.cli", *args],
                               tmp_path / f"rank{rank}.log", env_r, None)
             p.port = http_port
             procs.append(p)

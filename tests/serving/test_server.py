@@ -367,7 +367,7 @@ def test_metrics_use_vllm_names_and_labels(server, client):
 
 
 def test_serve_help_explains_every_vllm_flag():
-    out = subprocess.run([sys.executable, "-m", "shoal.engine.cli", "serve", "--help"],
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", "serve", "--help"],
                          capture_output=True, text=True, check=True).stdout
     for flag in ["--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
                  "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching",

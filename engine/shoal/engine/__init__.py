@@ -5,7 +5,7 @@ wire protocol and the termination-message format) without torch. Heavy modules a
 where they are used.
 """
 
-__version__ = "0.1.0"
+from shoal.contract import __version__
 
 # vLLM's top-level names: `from shoal.engine import LLM, SamplingParams` as `from vllm import
 # ...`. Resolved on first use (PEP 562), so `import shoal.engine` stays torch-free.

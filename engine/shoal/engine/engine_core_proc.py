@@ -385,7 +385,7 @@ class EngineCoreProc:
 
     def _rank_failure_cause(self, failure) -> str:
         """A worker decided its exception's cause; exits and lost nodes are named here."""
-        from shoal.engine.termination import Cause
+        from shoal.contract.termination import Cause
 
         if failure.cause:
             return failure.cause
@@ -489,7 +489,7 @@ def termination_cause(dead: wire.EngineDead):
     both write the message: the frontend's copy wins in a pod, and they must agree). The dying
     process decided it (`dead.cause`); an EngineDead the frontend made for an engine that
     could not send one (killed by a signal) is an engine error."""
-    from shoal.engine.termination import Cause
+    from shoal.contract.termination import Cause
 
     if dead.cause:
         return Cause(dead.cause)
@@ -501,7 +501,7 @@ def termination_cause(dead: wire.EngineDead):
 def write_dead_termination(dead: wire.EngineDead) -> bool:
     """Write the Kubernetes termination message for a death; never raises."""
     try:
-        from shoal.engine.termination import write_termination_message
+        from shoal.contract.termination import write_termination_message
 
         return write_termination_message(termination_cause(dead),
                                          f"{dead.describe()}\n{dead.traceback}".strip(),

@@ -9,7 +9,7 @@ a bug or a bad batch, not a bad spec). Nothing here reads an error's text to dec
 
 from __future__ import annotations
 
-from shoal.engine.termination import Cause
+from shoal.contract.termination import Cause
 
 
 class ConfigError(ValueError):

@@ -337,7 +337,7 @@ class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     hostname: str = ""
     # Multi-node groups: the node the failing process ran on (0 = the EngineCore's node).
     node_rank: int = 0
-    # The termination cause (shoal.engine.termination.Cause value) decided by the process that
+    # The termination cause (shoal.contract.termination.Cause value) decided by the process that
     # held the exception (errors.death_cause); "" from a peer that predates it.
     cause: str = ""
 

@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 import yaml
-from shoal.engine.router.affinity import ROUTINGS
+from shoal.contract.routing import ROUTINGS
 from shoal.operator.labels import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from shoal.operator.phases import GroupPhase, GroupStage, Phase
 from shoal.operator.spec import DEFAULTS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from shoal.engine.termination import Cause, is_permanent, parse_termination_message
+from shoal.contract.termination import Cause, is_permanent, parse_termination_message
 from shoal.operator import labels as L
 
 

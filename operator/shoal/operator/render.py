@@ -19,7 +19,8 @@ import hashlib
 import json
 import math
 
-from shoal.engine.router.affinity import ROUTING_ENV
+from shoal.contract import discovery
+from shoal.contract.routing import ROUTING_ENV
 from shoal.operator import labels as L
 from shoal.operator import vllm_version
 from shoal.operator.spec import EngineSpec
@@ -97,11 +98,11 @@ def grace_seconds(spec: dict) -> int:
 
 
 def frontend_args(spec: dict) -> list[str]:
-    """`shoal serve` as a frontend only: no EngineCore, it routes to the groups listed in the
-    discovery file and follows that file as the operator rewrites it."""
-    return ["serve", spec["model"], "--served-model-name", served_name(spec), "--host", "0.0.0.0",
-            "--port", str(L.HTTP_PORT), "--frontend-only",
-            "--engine-discovery-file", f"{L.DISCOVERY_MOUNT}/{L.DISCOVERY_FILE}"]
+    """`shoal router`: no EngineCore, it routes to the groups listed in the discovery file and
+    follows that file as the operator rewrites it."""
+    return ["router", "--model", spec["model"], "--served-model-name", served_name(spec),
+            "--host", "0.0.0.0", "--port", str(L.HTTP_PORT),
+            "--engine-discovery-file", f"{discovery.MOUNT_DIR}/{discovery.KEY}"]
 
 
 def frontend_replicas(spec: dict) -> int:
@@ -125,12 +126,12 @@ def frontend_deployment(body: dict) -> dict:
                            "failureThreshold": 2},
         # Alive = the process listens; engines being down is not a reason to restart a frontend.
         "livenessProbe": {"tcpSocket": {"port": L.HTTP_PORT}, "periodSeconds": 10, "failureThreshold": 6},
-        "volumeMounts": [{"name": "discovery", "mountPath": L.DISCOVERY_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": "discovery", "mountPath": discovery.MOUNT_DIR, "readOnly": True}],
         # The frontend also watches the discovery ConfigMap through the API (its own
         # ServiceAccount may read only that ConfigMap): the kubelet refreshes the mounted file
         # up to a minute late, the watch within a second.
-        "env": [{"name": "SHOAL_DISCOVERY_CONFIGMAP", "value": L.discovery_name(name)},
-                {"name": "POD_NAMESPACE",
+        "env": [{"name": discovery.CONFIGMAP_ENV, "value": discovery.configmap_name(name)},
+                {"name": discovery.NAMESPACE_ENV,
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": ROUTING_ENV, "value": _typed(spec).frontend_routing}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -150,7 +151,7 @@ def frontend_deployment(body: dict) -> dict:
                 "spec": {
                     "serviceAccountName": L.frontend_name(name),
                     "containers": [container],
-                    "volumes": [{"name": "discovery", "configMap": {"name": L.discovery_name(name)}}],
+                    "volumes": [{"name": "discovery", "configMap": {"name": discovery.configmap_name(name)}}],
                     "terminationGracePeriodSeconds": grace_seconds(spec),
                 },
             },
@@ -170,7 +171,7 @@ def frontend_service_account(body: dict) -> dict:
 def frontend_role(body: dict) -> dict:
     name = body["metadata"]["name"]
     rules = [{"apiGroups": [""], "resources": ["configmaps"],
-              "resourceNames": [L.discovery_name(name)], "verbs": ["get", "list", "watch"]}]
+              "resourceNames": [discovery.configmap_name(name)], "verbs": ["get", "list", "watch"]}]
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": _meta(body, L.frontend_name(name), L.COMPONENT_FRONTEND), "rules": rules}
     return _with_hash(role, rules)
@@ -207,17 +208,15 @@ def discovery_data(body: dict, ready_groups: list[int]) -> dict:
     """The file frontends route by: only groups whose every rank is ready and that are not
     draining, so frontends never send to a dead or stopping engine."""
     name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
-    groups = [{"group": g, "url": f"http://{L.rank_host(name, ns, g, 0)}:{L.HTTP_PORT}"}
-              for g in sorted(ready_groups)]
-    return {L.DISCOVERY_FILE: json.dumps({"model": served_name(spec_of(body)), "groups": groups},
-                                         sort_keys=True)}
+    groups = {g: f"http://{L.rank_host(name, ns, g, 0)}:{L.HTTP_PORT}" for g in ready_groups}
+    return {discovery.KEY: discovery.encode(served_name(spec_of(body)), groups)}
 
 
 def discovery_configmap(body: dict, ready_groups: list[int]) -> dict:
     cm = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(body, L.discovery_name(body["metadata"]["name"]), L.COMPONENT_FRONTEND),
+        "metadata": _meta(body, discovery.configmap_name(body["metadata"]["name"]), L.COMPONENT_FRONTEND),
         "data": discovery_data(body, ready_groups),
     }
     return _with_hash(cm, cm["data"])

@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
     operator must see (and not restart), not an exit 2 with nothing said."""
 
     def error(self, message: str):
-        from shoal.engine.termination import Cause, write_termination_message
+        from shoal.contract.termination import Cause, write_termination_message
 
         write_termination_message(Cause.CONFIG_ERROR, f"{self.prog}: error: {message}",
                                   exit_code=2)
@@ -135,18 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how tool calls are found in free text under tool_choice \"auto\": "
                             "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    fleet = p.add_argument_group("fleet frontend (docs/router.md)")
-    fleet.add_argument("--frontend-only", action="store_true",
-                       help="run only the OpenAI frontend and route to the engine groups listed "
-                            "in --engine-discovery-file; no model is loaded")
-    fleet.add_argument("--engine-discovery-file", metavar="PATH", default=None,
-                       help="JSON file listing the engine groups' URLs (the operator's "
-                            "engines.json); re-read when it changes")
     return p
 
 
 def _config_error(message: str, cause=None) -> int:
-    from shoal.engine.termination import Cause, write_termination_message
+    from shoal.contract.termination import Cause, write_termination_message
 
     logger.error("configuration error: %s", message)
     print(f"shoal serve: error: {message}", file=sys.stderr)
@@ -176,13 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     role = f"node {args.node_rank}" if args.headless else "frontend"
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [{role}] %(message)s")
-    if args.frontend_only:
-        if not args.engine_discovery_file:
-            parser.error("--frontend-only needs --engine-discovery-file PATH (the file listing "
-                         "the engine groups to route to)")
-        from shoal.engine.router.main import run_router
-
-        return run_router(args)
     started = time.monotonic()
     problem = _check_parallelism(args)
     if problem:
@@ -208,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             master_port=args.master_port)
     except ValueError as exc:  # errors.ConfigError: known at start-up, permanent
         from shoal.engine.errors import ModelNotFoundError
-        from shoal.engine.termination import Cause
+        from shoal.contract.termination import Cause
 
         return _config_error(str(exc), Cause.MODEL_NOT_FOUND
                              if isinstance(exc, ModelNotFoundError) else Cause.CONFIG_ERROR)
@@ -246,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_dead(exc)
         return 1
     except EngineStartupError as exc:
-        from shoal.engine.termination import Cause, write_termination_message
+        from shoal.contract.termination import Cause, write_termination_message
 
         logger.error("engine start-up failed: %s", exc)
         write_termination_message(Cause.STARTUP_ERROR, str(exc), exit_code=1)

@@ -35,7 +35,7 @@ from shoal.engine.executor.rank_wire import (
     StopNode,
 )
 from shoal.engine.executor.worker_proc import local_worker_specs
-from shoal.engine.termination import Cause, write_termination_message
+from shoal.contract.termination import Cause, write_termination_message
 
 log = logging.getLogger("shoal.engine.headless")
 

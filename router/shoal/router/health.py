@@ -8,8 +8,8 @@ import asyncio
 import logging
 
 import httpx
-from shoal.engine.router.discovery import Group
-from shoal.engine.router.picker import GroupPicker
+from shoal.router.discovery import Group
+from shoal.router.picker import GroupPicker
 
 logger = logging.getLogger("shoal.router.health")
 

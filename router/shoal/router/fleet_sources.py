@@ -19,20 +19,19 @@ import json
 import logging
 from pathlib import Path
 
-from shoal.engine.router.discovery import (
+from shoal.contract.labels import FRONTEND_SELECTOR, LABEL_ENGINE
+from shoal.router.discovery import (
     POLL_INTERVAL_S,
     Discovery,
     file_signature,
     parse_discovery,
 )
-from shoal.engine.router.fleet import Fleet
-from shoal.engine.router.k8s_discovery import KEY, RETRY_S, WATCH_TIMEOUT_S, api_client
+from shoal.router.fleet import Fleet
+from shoal.router.k8s_discovery import KEY, RETRY_S, WATCH_TIMEOUT_S, api_client
 
 logger = logging.getLogger("shoal.router.discovery")
 
-# The operator's labels (shoal.operator.labels; tests/router checks they agree).
-LABEL_ENGINE = "shoal.dev/engine"
-SELECTOR = "app.kubernetes.io/managed-by=shoal-operator,shoal.dev/component=frontend"
+SELECTOR = FRONTEND_SELECTOR
 
 
 class ConfigMapsSource:

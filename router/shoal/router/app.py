@@ -15,15 +15,16 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from shoal.engine import __version__
-from shoal.engine.router import k8s_discovery
-from shoal.engine.router.affinity import make_affinity, request_keys
-from shoal.engine.router.discovery import Discovery, DiscoveryWatcher
-from shoal.engine.router.errors import error_response, no_group_message
-from shoal.engine.router.health import HealthProber
-from shoal.engine.router.metrics import RouterMetrics
-from shoal.engine.router.picker import GroupPicker
-from shoal.engine.router.proxy import UPSTREAM_TIMEOUT, Proxy
+from shoal.contract import __version__
+from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING
+from shoal.router import k8s_discovery
+from shoal.router.affinity import make_affinity, request_keys
+from shoal.router.discovery import Discovery, DiscoveryWatcher
+from shoal.router.errors import error_response, no_group_message
+from shoal.router.health import HealthProber
+from shoal.router.metrics import RouterMetrics
+from shoal.router.picker import GroupPicker
+from shoal.router.proxy import UPSTREAM_TIMEOUT, Proxy
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
@@ -38,9 +39,9 @@ def model_list(models: list[tuple[str, str]], created: int) -> dict:
 
 class Router:
     def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
-                 default_model: str, api_key: str | None, cooldown: float,
+                 default_model: str | None, api_key: str | None, cooldown: float,
                  poll_interval: float, probe_interval: float,
-                 routing: str = "least-outstanding", imbalance: int = 4) -> None:
+                 routing: str = DEFAULT_ROUTING, imbalance: int = DEFAULT_IMBALANCE) -> None:
         self.served_model_names = served_model_names
         self.default_model = default_model
         self.api_key = api_key
@@ -63,7 +64,8 @@ class Router:
         if self.served_model_names:
             return self.served_model_names
         found = self.watcher.current
-        return [found.model if found and found.model else self.default_model]
+        model = found.model if found and found.model else self.default_model
+        return [model] if model else []
 
     def refresh_gauges(self) -> None:
         self.metrics.listed.set(len(self.picker.states))
@@ -145,7 +147,8 @@ def build_app(router: Router) -> FastAPI:
     async def models(request: Request):
         check_key(request)
         created = int(time.time())
-        return model_list([(name, router.default_model) for name in router.model_names()], created)
+        return model_list([(name, router.default_model or name) for name in router.model_names()],
+                          created)
 
     @app.get("/health")
     async def health():

@@ -21,13 +21,14 @@ import ssl
 from pathlib import Path
 
 import httpx
-from shoal.engine.router.discovery import DiscoveryWatcher
+from shoal.contract import discovery
+from shoal.router.discovery import DiscoveryWatcher
 
 logger = logging.getLogger("shoal.router.discovery")
 
-CONFIGMAP_ENV = "SHOAL_DISCOVERY_CONFIGMAP"
-NAMESPACE_ENV = "POD_NAMESPACE"
-KEY = "engines.json"
+CONFIGMAP_ENV = discovery.CONFIGMAP_ENV
+NAMESPACE_ENV = discovery.NAMESPACE_ENV
+KEY = discovery.KEY
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRY_S = 1.0
 WATCH_TIMEOUT_S = 300

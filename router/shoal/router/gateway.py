@@ -1,7 +1,7 @@
 """The fleet gateway: one OpenAI endpoint for every InferenceEngine it may see, routing each
 request by its `model` to that model's engine groups (docs/router.md, "Fleet gateway").
 
-    python -m shoal.engine.router.gateway [--namespace NS ...] [--discovery-dir DIR]
+    python -m shoal.router.gateway [--namespace NS ...] [--discovery-dir DIR]
         [--routing least-outstanding|prefix-affinity] [--host H] [--port P] [--api-key KEY]
 
 Discovery: the operator's discovery ConfigMaps through the API (in a pod: its ServiceAccount;
@@ -29,17 +29,18 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from shoal.engine.router import aggregate, k8s_discovery
-from shoal.engine.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
-from shoal.engine.router.app import PROXIED, common_app, model_list
-from shoal.engine.router.errors import error_response
-from shoal.engine.router.fleet import Fleet
-from shoal.engine.router.fleet_sources import ConfigMapsSource, DirectorySource
-from shoal.engine.router.health import PROBE_INTERVAL_S, HealthProber
-from shoal.engine.router.main import COOLDOWN_ENV, POLL_ENV, PROBE_ENV, serve_app
-from shoal.engine.router.metrics import RouterMetrics
-from shoal.engine.router.picker import COOLDOWN_S, GroupPicker
-from shoal.engine.router.proxy import UPSTREAM_TIMEOUT, Proxy
+from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
+from shoal.router import aggregate, k8s_discovery
+from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
+from shoal.router.app import PROXIED, common_app, model_list
+from shoal.router.errors import error_response
+from shoal.router.fleet import Fleet
+from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
+from shoal.router.health import PROBE_INTERVAL_S, HealthProber
+from shoal.router.main import COOLDOWN_ENV, POLL_ENV, PROBE_ENV, serve_app
+from shoal.router.metrics import RouterMetrics
+from shoal.router.picker import COOLDOWN_S, GroupPicker
+from shoal.router.proxy import UPSTREAM_TIMEOUT, Proxy
 
 logger = logging.getLogger("shoal.gateway")
 
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kube-token-file", default=str(k8s_discovery.SA_DIR / "token"))
     p.add_argument("--kube-ca-file", default=str(k8s_discovery.SA_DIR / "ca.crt"))
     p.add_argument("--routing", choices=ROUTINGS,
-                   default=os.environ.get("SHOAL_ROUTER_ROUTING") or "least-outstanding")
+                   default=os.environ.get(ROUTING_ENV) or DEFAULT_ROUTING)
     p.add_argument("--prefix-imbalance", type=int, default=IMBALANCE,
                    help="prefix-affinity: a prefix's group keeps it while its outstanding "
                         "requests exceed the least-loaded group's by at most this many")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from shoal.engine.router.discovery import Discovery, Group
+from shoal.router.discovery import Discovery, Group
 
 logger = logging.getLogger("shoal.router.fleet")
 

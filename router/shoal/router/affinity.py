@@ -25,12 +25,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-ROUTINGS = ("least-outstanding", "prefix-affinity")
-ROUTING_ENV = "SHOAL_ROUTER_ROUTING"  # the per-engine frontend's setting (gateway: --routing)
-IMBALANCE_ENV = "SHOAL_ROUTER_PREFIX_IMBALANCE"
+from shoal.contract.routing import DEFAULT_IMBALANCE, PREFIX_AFFINITY, ROUTINGS
+
 CHUNK_CHARS = 128
 MAX_CHUNKS = 64  # keys cover at most the first 8,192 characters
-IMBALANCE = 4
+IMBALANCE = DEFAULT_IMBALANCE
 CAPACITY = 100_000
 TTL_S = 600.0
 
@@ -127,7 +126,7 @@ def make_affinity(routing: str, imbalance: int = IMBALANCE) -> PrefixAffinity | 
     """The picker's affinity for a `routing` name; ValueError names the choices."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r} is not one of {', '.join(ROUTINGS)}")
-    return PrefixAffinity(imbalance) if routing == "prefix-affinity" else None
+    return PrefixAffinity(imbalance) if routing == PREFIX_AFFINITY else None
 
 
 def request_keys(affinity: PrefixAffinity | None, body: bytes) -> list[int] | None:

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shoal.engine.router.discovery import Group
+from shoal.router.discovery import Group
 
 if TYPE_CHECKING:
-    from shoal.engine.router.affinity import PrefixAffinity
+    from shoal.router.affinity import PrefixAffinity
 
 logger = logging.getLogger("shoal.router.picker")
 

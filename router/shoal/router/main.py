@@ -1,18 +1,24 @@
-"""`run_router(args)`: `shoal serve MODEL --frontend-only` after `serve.py` parsed the flags.
+"""`shoal router`: the per-engine frontend. It routes OpenAI requests to the engine groups listed
+in a discovery file (the operator's `engines.json`, `shoal.contract.discovery`).
 
-One process: uvicorn serving the router app. No model, tokenizer or EngineCore is loaded; MODEL
-is only the default served model name. Exit code 0 after SIGTERM/SIGINT (in-flight requests get
-GRACE_S to finish), 1 when it cannot bind, 2 for a bad routing setting. `serve_app` is shared
-with the gateway (gateway.py).
+One process: uvicorn serving the router app. No model, tokenizer or EngineCore is loaded.
+`shoal serve MODEL --frontend-only --engine-discovery-file PATH` is kept as an alias (the CLI
+rewrites it to this command; manifests of earlier releases use it). Exit code 0 after
+SIGTERM/SIGINT (in-flight requests get GRACE_S to finish), 1 when it cannot bind, 2 for a bad
+setting. `serve_app` is shared with the gateway (gateway.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
+import sys
 
-from shoal.engine.router.affinity import IMBALANCE, IMBALANCE_ENV, ROUTING_ENV, make_affinity
+from shoal.contract import discovery
+from shoal.contract.routing import DEFAULT_ROUTING, IMBALANCE_ENV, ROUTING_ENV
+from shoal.router.affinity import IMBALANCE, make_affinity
 
 logger = logging.getLogger("shoal.router")
 
@@ -26,7 +32,7 @@ GRACE_S = 30
 def routing_from_env() -> tuple[str, int]:
     """(routing, imbalance) from SHOAL_ROUTER_ROUTING / SHOAL_ROUTER_PREFIX_IMBALANCE;
     ValueError says what is wrong."""
-    routing = os.environ.get(ROUTING_ENV) or "least-outstanding"
+    routing = os.environ.get(ROUTING_ENV) or DEFAULT_ROUTING
     raw = os.environ.get(IMBALANCE_ENV) or str(IMBALANCE)
     try:
         imbalance = int(raw)
@@ -42,7 +48,6 @@ def routing_from_env() -> tuple[str, int]:
 def serve_app(app, host: str, port: int) -> int:
     """Run `app` under uvicorn until SIGTERM/SIGINT; the exit code."""
     import uvicorn
-    from shoal.engine.entrypoints import event_loop
 
     # One line per event: the HTTP client's per-request INFO lines are not events.
     for noisy in ("httpx", "httpcore"):
@@ -65,7 +70,7 @@ def serve_app(app, host: str, port: int) -> int:
                                    access_log=False, timeout_graceful_shutdown=GRACE_S,
                                    timeout_keep_alive=5))
     try:
-        event_loop.run(server.serve())
+        server.run()  # uvloop where installed (loop="auto"), as vLLM's uvicorn[standard]
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind
         return int(exc.code or 1)
     if not server.started:
@@ -74,11 +79,41 @@ def serve_app(app, host: str, port: int) -> int:
     return 0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shoal router",
+        description="The per-engine OpenAI frontend: routes to the engine groups listed in a "
+                    "discovery file (docs/router.md). Loads no model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--engine-discovery-file", metavar="PATH", required=True,
+                   help="JSON file listing the engine groups' URLs (the operator's "
+                        f"{discovery.KEY}); re-read when it changes")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients send as `model` (default: the discovery "
+                        "file's `model`)")
+    p.add_argument("--model", default=None,
+                   help="the model the groups serve, reported as `root` in /v1/models "
+                        "(default: the served name)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [frontend] %(message)s")
+    return run_router(args)
+
+
 def run_router(args) -> int:
-    from shoal.engine.router.app import Router, build_app
-    from shoal.engine.router.discovery import POLL_INTERVAL_S
-    from shoal.engine.router.health import PROBE_INTERVAL_S
-    from shoal.engine.router.picker import COOLDOWN_S
+    from shoal.router.app import Router, build_app
+    from shoal.router.discovery import POLL_INTERVAL_S
+    from shoal.router.health import PROBE_INTERVAL_S
+    from shoal.router.picker import COOLDOWN_S
 
     try:
         routing, imbalance = routing_from_env()

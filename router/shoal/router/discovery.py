@@ -1,20 +1,19 @@
-"""The discovery file the operator keeps (ConfigMap `NAME-engines`, key `engines.json`) and a
-watcher that re-reads it when it changes.
+"""The discovery file the operator keeps (ConfigMap `NAME-engines`, key `engines.json`; the
+format is `shoal.contract.discovery`) and a watcher that re-reads it when it changes.
 
-Format: `{"groups": [{"group": 0, "url": "http://..:8000"}, ...], "model": "name"}`. A file that
-cannot be read or parsed keeps the last good list (the kubelet swaps ConfigMap files atomically,
+A file that cannot be read or parsed keeps the last good list (the kubelet swaps ConfigMap files atomically,
 but hand-edited files can be half-written), with one log line per distinct problem.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from shoal.contract import discovery
 
 logger = logging.getLogger("shoal.router.discovery")
 
@@ -56,35 +55,9 @@ class Discovery:
 
 
 def parse_discovery(text: str) -> Discovery:
-    """Validate the file's JSON; ValueError says what is wrong and where."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError("the top level must be an object with a 'groups' list")
-    raw = data.get("groups")
-    if not isinstance(raw, list):
-        raise ValueError("'groups' must be a list of {\"group\": N, \"url\": \"http://...\"}")
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ValueError("'model' must be a string")
-    groups: dict[int, Group] = {}
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise ValueError(f"groups[{i}] must be an object, got {type(item).__name__}")
-        gid, url = item.get("group"), item.get("url")
-        if not isinstance(gid, int) or isinstance(gid, bool) or gid < 0:
-            raise ValueError(f"groups[{i}].group must be a non-negative integer, got {gid!r}")
-        if not isinstance(url, str):
-            raise ValueError(f"groups[{i}].url must be a string, got {url!r}")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"groups[{i}].url must be http(s)://HOST[:PORT], got {url!r}")
-        if gid in groups:
-            raise ValueError(f"group {gid} is listed twice")
-        groups[gid] = Group(gid, url.rstrip("/"))
-    return Discovery(tuple(sorted(groups.values())), model)
+    """Validate the document (shoal.contract.discovery); ValueError says what is wrong."""
+    model, groups = discovery.decode(text)
+    return Discovery(tuple(Group(gid, url) for gid, url in sorted(groups.items())), model)
 
 
 def file_signature(path) -> tuple | None:

@@ -28,10 +28,10 @@ import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from shoal.engine.router.discovery import Group
-from shoal.engine.router.errors import error_response, no_group_message, sse_error
-from shoal.engine.router.metrics import RouterMetrics
-from shoal.engine.router.picker import GroupPicker
+from shoal.router.discovery import Group
+from shoal.router.errors import error_response, no_group_message, sse_error
+from shoal.router.metrics import RouterMetrics
+from shoal.router.picker import GroupPicker
 
 logger = logging.getLogger("shoal.router.proxy")
 
