@@ -3,10 +3,12 @@
 # Shoal's images, one multi-stage build (context: the repository root):
 #
 #   docker build --target operator -t ghcr.io/shoal-dev/shoal-operator:0.1.0 .  # kopf, no torch
+#   docker build --target router   -t ghcr.io/shoal-dev/shoal-router:0.1.0 .    # slim, no torch
 #   docker build --target engine   -t ghcr.io/shoal-dev/shoal:0.1.0 .           # CPU torch
 #
-# The engine image serves both engine ranks and frontends (`shoal serve`); it is the
-# InferenceEngine's default `spec.image`.
+# The engine image runs engine ranks (`shoal serve`); it is the InferenceEngine's default
+# `spec.image`. The router image runs the per-engine frontends (`shoal router`) and the fleet
+# gateway (`shoal gateway`): HTTP only, no torch, no model.
 #
 # The CUDA engine image is images/engine-cuda/Dockerfile. Both targets run as uid 10001 with
 # tini as PID 1: tini forwards SIGTERM to the whole process group (the engine's frontend,
@@ -36,8 +38,11 @@ COPY images/healthcheck.py /usr/local/lib/shoal/healthcheck.py
 FROM base AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
+COPY contract/ contract/
 COPY engine/ engine/
+COPY router/ router/
 COPY operator/ operator/
+COPY cli/ cli/
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- operator: kopf + kubernetes client, never torch -----------------------------------------
@@ -56,6 +61,22 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
   CMD ["python", "/usr/local/lib/shoal/healthcheck.py"]
 ENTRYPOINT ["tini", "-g", "--", "shoal-operator"]
 CMD ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+
+# ---- router: `shoal router` and `shoal gateway`, never torch --------------------------------
+FROM base AS router-venv
+COPY --from=wheel /wheels /wheels
+RUN python -m venv /opt/shoal \
+ && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[router]" \
+ && ! /opt/shoal/bin/python -c "import torch" 2>/dev/null
+
+FROM base AS router
+COPY --from=router-venv /opt/shoal /opt/shoal
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["python", "/usr/local/lib/shoal/healthcheck.py"]
+ENTRYPOINT ["tini", "-g", "--", "shoal"]
+CMD ["--help"]
 
 # ---- engine: `shoal serve` on CPU torch ------------------------------------------------------
 FROM base AS engine-venv

@@ -2,7 +2,8 @@
 
 Reads the command line of PID 1 (tini and the command it runs) and decides:
 - `shoal-operator ... --liveness=URL`: GET that URL (kopf's liveness endpoint).
-- `shoal serve ...` (frontend or engine with its API server): GET /health on --port (8000).
+- `shoal serve ...` (an engine with its API server), `shoal router ...` or `shoal gateway ...`:
+  GET /health on --port (8000).
 - `shoal serve ... --headless`, or any other command: nothing listens, so there is nothing to
   probe; exit 0 (Docker already knows whether the process lives).
 
@@ -35,7 +36,7 @@ def probe_url(argv: list[str]) -> str | None:
     if any(a.endswith("shoal-operator") for a in argv):
         url = _option(argv, "--liveness") or _option(argv, "-L")
         return url.replace("0.0.0.0", "127.0.0.1") if url else None
-    if "serve" in argv and "--headless" not in argv:
+    if any(cmd in argv for cmd in ("serve", "router", "gateway")) and "--headless" not in argv:
         return f"http://127.0.0.1:{_option(argv, '--port') or '8000'}/health"
     return None
 
