@@ -18,10 +18,13 @@ class WaitTimeout(AssertionError):
     """The condition did not hold in time (an AssertionError so pytest shows it as a failure)."""
 
 
-def _describe(what: str, timeout: float, last: object, error: BaseException | None) -> str:
+def _describe(what: str, timeout: float, last: object, error: BaseException | None,
+              detail: Callable[[], str] | None = None) -> str:
     msg = f"timed out after {timeout:.1f}s waiting for {what}; last value: {last!r}"
     if error is not None:
         msg += f"; last error: {type(error).__name__}: {error}"
+    if detail is not None:
+        msg += f"; {detail()}"
     return msg
 
 
@@ -31,11 +34,13 @@ def wait_for(
     interval: float = 0.1,
     what: str | None = None,
     ignore: tuple[type[BaseException], ...] = (),
+    detail: Callable[[], str] | None = None,
 ) -> T:
     """Call `condition` until it returns a truthy value, and return that value.
 
     Exceptions listed in `ignore` count as "not yet" (e.g. ApiException for an object that does
-    not exist yet); any other exception propagates at once.
+    not exist yet); any other exception propagates at once. On timeout the error names `what`,
+    the last value and error, and `detail()` (e.g. a server's log tail) when given.
     """
     what = what or getattr(condition, "__name__", "condition")
     deadline = time.monotonic() + timeout
@@ -50,7 +55,7 @@ def wait_for(
         except ignore as exc:
             error = exc
         if time.monotonic() >= deadline:
-            raise WaitTimeout(_describe(what, timeout, last, error))
+            raise WaitTimeout(_describe(what, timeout, last, error, detail))
         time.sleep(interval)
 
 
