@@ -1,6 +1,6 @@
 """What can be checked in the Dockerfiles without building them (no Docker daemon here):
 targets exist, they run as a non-root user under tini, every COPY source exists and is in the
-build context, base images are pinned, and the operator image never installs torch."""
+build context, base images are pinned, and the operator and router images never install torch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from packaging_support import REPO
 
 # Dockerfile -> the targets users build from it. The context is the repository root for all.
 DOCKERFILES = {
-    "Dockerfile": ["operator", "engine"],
+    "Dockerfile": ["operator", "router", "engine"],
     "images/engine-cuda/Dockerfile": ["engine"],
 }
 
@@ -123,15 +123,16 @@ def test_base_images_are_pinned(path):
         )
 
 
-def test_the_operator_image_installs_no_torch():
-    df, stage = _target("Dockerfile", "operator")
+@pytest.mark.parametrize("target", ["operator", "router"])
+def test_the_slim_images_install_no_torch(target):
+    df, stage = _target("Dockerfile", target)
     for s in df.depends_on(stage):
         for ins in s.instructions:
             if ins.keyword == "RUN":
-                assert "torch==" not in ins.value and "[engine]" not in ins.value and "[all]" not in ins.value, (
-                    f"Dockerfile:{ins.line}: stage {s.name} feeds the operator image but installs torch"
-                )
-    assert any("[operator]" in i.value for s in df.depends_on(stage) for i in s.instructions)
+                assert not any(t in ins.value for t in ("torch==", "[engine]", "[all]")), (
+                    f"Dockerfile:{ins.line}: stage {s.name} feeds the {target} image but "
+                    "installs torch")
+    assert any(f"[{target}]" in i.value for s in df.depends_on(stage) for i in s.instructions)
 
 
 def test_the_engine_image_pins_torch():
@@ -152,7 +153,7 @@ def test_reader_sees_a_root_user_and_a_missing_copy_source(tmp_path):
     assert not glob.glob("no-such-file", root_dir=REPO)
     excluded = dockerignore(REPO / ".dockerignore")
     assert excluded("tests/conftest.py") and excluded("engine/shoal/engine/__pycache__/x.pyc")
-    assert not excluded("engine/shoal/engine/cli.py") and not excluded("pyproject.toml")
+    assert not excluded("cli/shoal/cli/__init__.py") and not excluded("pyproject.toml")
 
 
 def _healthcheck():
@@ -171,6 +172,9 @@ def _healthcheck():
         (["tini", "-g", "--", "shoal-operator", "--liveness=http://0.0.0.0:8080/healthz"],
          "http://127.0.0.1:8080/healthz"),
         (["tini", "-g", "--", "shoal-operator", "--all-namespaces"], None),
+        (["tini", "-g", "--", "shoal", "router", "--engine-discovery-file", "/d"],
+         "http://127.0.0.1:8000/health"),
+        (["tini", "-g", "--", "shoal", "gateway", "--port", "8001"], "http://127.0.0.1:8001/health"),
         (["tini", "-g", "--", "shoal", "make-model", "/m"], None),
     ],
 )

@@ -1,5 +1,6 @@
 """Every third-party module the shipped code imports is a direct requirement of the extra that
-installs that code (`shoal[engine]` for engine/, `shoal[operator]` for operator/).
+installs that code (`shoal[engine]` for engine/, `shoal[router]` for router/, `shoal[operator]`
+for operator/; contract/ and cli/ ship in every image, so the base install must cover them).
 
 Why: the frontend image crashed at start with `ModuleNotFoundError: httpx` because the router
 imported httpx and only the test extra installed it; the development venv (`.[all]`) hid it.
@@ -29,9 +30,9 @@ def _req_name(req: str) -> str:
     return re.split(r"[\s<>=!~;\[]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _extra_requirements(extra: str) -> set[str]:
+def _extra_requirements(extra: str | None) -> set[str]:
     names = {_req_name(r) for r in PYPROJECT["project"]["dependencies"]}
-    for req in PYPROJECT["project"]["optional-dependencies"][extra]:
+    for req in PYPROJECT["project"]["optional-dependencies"].get(extra, []):
         names.add(_req_name(req))
     return names
 
@@ -71,8 +72,11 @@ def _third_party_imports(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("extra,root", [("engine", "engine/shoal/engine"),
-                                        ("operator", "operator/shoal/operator")])
-def test_every_import_is_a_direct_requirement_of_its_extra(extra: str, root: str) -> None:
+                                        ("router", "router/shoal/router"),
+                                        ("operator", "operator/shoal/operator"),
+                                        (None, "contract/shoal/contract"),
+                                        (None, "cli/shoal/cli")])
+def test_every_import_is_a_direct_requirement_of_its_extra(extra: str | None, root: str) -> None:
     wanted = _extra_requirements(extra)
     dists = md.packages_distributions()
     missing = []
@@ -82,6 +86,7 @@ def test_every_import_is_a_direct_requirement_of_its_extra(extra: str, root: str
         if not candidates & wanted:
             missing.append(f"{module} (imported at {where}; distribution "
                            f"{'/'.join(sorted(candidates))})")
-    assert not missing, (f"shoal[{extra}] does not list what its code imports; add to "
-                         f"[project.optional-dependencies].{extra} in pyproject.toml:\n  "
+    where = f"[project.optional-dependencies].{extra}" if extra else "[project].dependencies"
+    assert not missing, (f"shoal[{extra or ''}] does not list what its code imports; add to "
+                         f"{where} in pyproject.toml:\n  "
                          + "\n  ".join(missing))

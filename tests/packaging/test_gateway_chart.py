@@ -25,7 +25,7 @@ def test_gateway_is_on_by_default_in_the_release_namespace(helm_template):
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"] == \
         dep["spec"]["template"]["metadata"]["labels"]
     (c,) = pod["containers"]
-    assert c["image"] == "ghcr.io/shoal-dev/shoal:0.1.0"
+    assert c["image"] == "ghcr.io/shoal-dev/shoal-router:0.1.0"
     assert "command" not in c  # the image entrypoint, `tini -g -- shoal`, stays PID 1
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "--namespace=shoal-system" in c["args"]
