@@ -7,7 +7,7 @@ CACHE ?= $(HOME)/.cache/shoal
 MODEL ?= $(CACHE)/models/shoal-tiny
 export SHOAL_CACHE := $(CACHE)
 
-.PHONY: venv serve test lint bench clean cluster cluster-down
+.PHONY: venv serve test test-unit test-process test-k8s test-e2e lint bench clean cluster cluster-down
 
 $(BIN)/.installed: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,11 +33,18 @@ cluster: venv
 cluster-down:
 	$(PY) scripts/k8s-control-plane/cluster.py stop
 
-test: venv
+# The whole suite: lint, then every tier (what .ci/run runs). One tier alone: make test-unit,
+# test-process, test-k8s, test-e2e (tests/conftest.py says what each holds).
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+test-unit test-process test-k8s test-e2e: test-%: venv
+	$(BIN)/python -m pytest -q -m $* $(PYTEST_ARGS)
+
+# ruff (pyproject's [tool.ruff], line length 100) and the import contracts between components.
 lint: venv
-	$(BIN)/ruff check engine operator tests benchmarks
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV)
