@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from shoal.contract import discovery
-from shoal.router.discovery import DiscoveryWatcher, Group, parse_discovery
 from shoal.operator import labels as L
 from shoal.operator import render
+from shoal.router.discovery import DiscoveryWatcher, Group, parse_discovery
 
 
 def _body(name: str = "llm", ns: str = "prod", replicas: int = 3) -> dict:

@@ -11,7 +11,7 @@ from shoal.router.aggregate import aggregate
 from shoal.router.discovery import Discovery, Group
 from shoal.router.fleet import Fleet
 from shoal.router.picker import GroupPicker
-from shoal.router.proxy import _event_kind
+from shoal.router.upstream import event_kind
 
 G0, G1, G2 = Group(0, "http://a:8000"), Group(1, "http://b:8000"), Group(2, "http://c:8000")
 SYSTEM_A = "You are a helpful assistant for the billing team. " * 10
@@ -169,4 +169,4 @@ def _sse(obj) -> bytes:
     (b": keep-alive comment", ("preamble", 0)),
 ])
 def test_stream_events_before_the_first_output(event, kind):
-    assert _event_kind(event) == kind
+    assert event_kind(event) == kind

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
@@ -98,8 +99,13 @@ class Unauthorized(Exception):
     pass
 
 
-def common_app(title: str, lifespan, api_key: str | None) -> tuple[FastAPI, object]:
-    """A FastAPI app with the routers' error handlers, and its API key check."""
+Forward = Callable[[Request, str, bytes], Awaitable[Response]]
+
+
+def common_app(title: str, lifespan, api_key: str | None,
+               forward: Forward) -> tuple[FastAPI, object]:
+    """A FastAPI app with the routers' error handlers, the PROXIED routes (each handed to
+    `forward(request, path, body)` after the API key check) and /version; and the key check."""
     app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
 
@@ -118,6 +124,18 @@ def common_app(title: str, lifespan, api_key: str | None) -> tuple[FastAPI, obje
         if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
             raise Unauthorized()
 
+    def proxied(path: str, protected: bool):
+        async def handler(request: Request) -> Response:
+            if protected:
+                check_key(request)
+            return await forward(request, path, await request.body())
+
+        handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
+        return handler
+
+    for path in PROXIED:
+        app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
+
     @app.get("/version")
     async def version():
         return {"version": __version__}
@@ -126,22 +144,12 @@ def common_app(title: str, lifespan, api_key: str | None) -> tuple[FastAPI, obje
 
 
 def build_app(router: Router) -> FastAPI:
-    app, check_key = common_app("shoal router", router.lifespan, router.api_key)
+    async def forward(request: Request, path: str, body: bytes) -> Response:
+        return await router.proxy.forward(request, path, body,
+                                          prefix=request_keys(router.affinity, body))
+
+    app, check_key = common_app("shoal router", router.lifespan, router.api_key, forward)
     app.state.router = router
-
-    def proxied(path: str, protected: bool):
-        async def handler(request: Request) -> Response:
-            if protected:
-                check_key(request)
-            body = await request.body()
-            return await router.proxy.forward(request, path, body,
-                                              prefix=request_keys(router.affinity, body))
-
-        handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
-        return handler
-
-    for path in PROXIED:
-        app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request):

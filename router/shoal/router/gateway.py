@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
 from shoal.router import aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
-from shoal.router.app import PROXIED, common_app, model_list
+from shoal.router.app import common_app, model_list
 from shoal.router.errors import error_response
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
@@ -103,39 +103,30 @@ def _unknown_model(model, models: dict[str, list[str]]) -> Response:
 
 
 def build_gateway_app(gw: Gateway) -> FastAPI:
-    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_key)
+    async def forward(request: Request, path: str, body: bytes) -> Response:
+        """To the groups of the body's `model`."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            return error_response(400, "the request body must be a JSON object",
+                                  "BadRequestError")
+        models = gw.fleet.models()
+        model = data.get("model")
+        if model is None and len(models) == 1:
+            (model,) = models
+        elif model is None:
+            return error_response(400, "the request names no `model`; available models: "
+                                       f"{', '.join(sorted(models)) or 'none'}",
+                                  "BadRequestError")
+        if model not in models:
+            return _unknown_model(model, models)
+        return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
+                                      prefix=request_keys(gw.affinity, body))
+
+    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_key, forward)
     app.state.gateway = gw
-
-    def proxied(path: str, protected: bool):
-        async def handler(request: Request) -> Response:
-            if protected:
-                check_key(request)
-            body = await request.body()
-            try:
-                data = json.loads(body)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict):
-                return error_response(400, "the request body must be a JSON object",
-                                      "BadRequestError")
-            models = gw.fleet.models()
-            model = data.get("model")
-            if model is None and len(models) == 1:
-                (model,) = models
-            elif model is None:
-                return error_response(400, "the request names no `model`; available models: "
-                                           f"{', '.join(sorted(models)) or 'none'}",
-                                      "BadRequestError")
-            if model not in models:
-                return _unknown_model(model, models)
-            return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
-                                          prefix=request_keys(gw.affinity, body))
-
-        handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
-        return handler
-
-    for path in PROXIED:
-        app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -17,9 +17,6 @@ connection, so the group aborts the request.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,94 +29,24 @@ from shoal.router.discovery import Group
 from shoal.router.errors import error_response, no_group_message, sse_error
 from shoal.router.metrics import RouterMetrics
 from shoal.router.picker import GroupPicker
+from shoal.router.upstream import (
+    Disconnected,
+    describe,
+    event_data,
+    event_kind,
+    unless_disconnected,
+    upstream_message,
+    who,
+)
 
 logger = logging.getLogger("shoal.router.proxy")
 
 # Sent on to the group; hop-by-hop and length headers are the HTTP client's business.
 FORWARD_REQUEST_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
 FORWARD_RESPONSE_HEADERS = ("content-type", "x-request-id")
-# No read timeout: a long generation is not a failure. Connecting is quick or the group is gone.
 SSE_DONE = b"data: [DONE]\n\n"
+# No read timeout: a long generation is not a failure. Connecting is quick or the group is gone.
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=None)
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
-
-
-def _upstream_message(body: bytes) -> str:
-    """The `error.message` of a group's OpenAI error JSON, else the start of its body."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        return str(json.loads(body)["error"]["message"])
-    return body[:200].decode(errors="replace") or "(empty body)"
-
-
-class _Disconnected(Exception):
-    pass
-
-
-async def _unless_disconnected(request: Request, coro):
-    """`await coro`, unless the client disconnects first: then cancel it and raise
-    _Disconnected."""
-    task = asyncio.ensure_future(coro)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise _Disconnected
-
-
-def who(group: Group) -> str:
-    """How errors name a group: "engine group 1" (per-engine) or "engine prod/llm group 1"."""
-    return group.name if group.engine else f"engine {group.name}"
-
-
-def _event_data(event: bytes) -> bytes:
-    return b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-
-
-def _event_kind(event: bytes) -> tuple[str, int]:
-    """('output' | 'preamble' | 'error', error code) of one SSE event. Output: `[DONE]`, any
-    text, delta content, tool call, finish reason or usage; preamble: e.g. the chat role
-    chunk; error: an OpenAI error event."""
-    data = _event_data(event)
-    if not data or data == b"[DONE]":
-        return ("output", 0) if data else ("preamble", 0)
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return "output", 0
-    if not isinstance(obj, dict):
-        return "output", 0
-    if "error" in obj:
-        err = obj["error"] if isinstance(obj["error"], dict) else {}
-        code = err.get("code")
-        return "error", code if isinstance(code, int) else 500
-    if obj.get("usage"):
-        return "output", 0
-    for choice in obj.get("choices") or []:
-        if not isinstance(choice, dict):
-            return "output", 0
-        delta = choice.get("delta") or {}
-        if (choice.get("text") or choice.get("finish_reason") or delta.get("content")
-                or delta.get("tool_calls") or delta.get("reasoning_content")):
-            return "output", 0
-    return "preamble", 0
 
 
 class _NoOutput(Exception):
@@ -170,7 +97,7 @@ class Proxy:
             try:
                 # A non-streamed answer sends its headers only when it is complete: watch the
                 # client meanwhile, so leaving cancels the upstream request (the group aborts).
-                upstream = await _unless_disconnected(request, self.client.send(
+                upstream = await unless_disconnected(request, self.client.send(
                     self.client.build_request("POST", group.url + path, content=body,
                                               headers=headers), stream=True))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -182,7 +109,7 @@ class Proxy:
                              f"dropped the request before answering: {describe(exc)}",
                              run.failures)
                 continue
-            except _Disconnected:
+            except Disconnected:
                 return self._client_left(group, path)
             except BaseException as exc:  # cancelled (server shutdown)
                 logger.info("request to %s cancelled (%s)", group.name, describe(exc))
@@ -191,7 +118,7 @@ class Proxy:
             if upstream.status_code == 503:
                 raw = await self._read_quietly(upstream)
                 self._failed(group, path, "unavailable",
-                             f"answered 503: {_upstream_message(raw)}", run.failures)
+                             f"answered 503: {upstream_message(raw)}", run.failures)
                 continue
             try:
                 return await self._respond(request, upstream, group, path, run, only)
@@ -217,8 +144,8 @@ class Proxy:
             return await self._respond_stream(request, upstream, group, path, run, only,
                                               headers)
         try:
-            content = await _unless_disconnected(request, upstream.aread())
-        except _Disconnected:
+            content = await unless_disconnected(request, upstream.aread())
+        except Disconnected:
             await self._close(upstream)
             return self._client_left(group, path)
         except httpx.HTTPError as exc:
@@ -235,7 +162,7 @@ class Proxy:
         await self._close(upstream)
         if upstream.status_code >= 500 and self._may_retry(run, only):
             raise _NoOutput("server_error", f"answered {upstream.status_code}: "
-                                            f"{_upstream_message(content)}")
+                                            f"{upstream_message(content)}")
         outcome = self._outcome(group, upstream.status_code)
         if outcome != "upstream_error":
             self.picker.mark_ok(group)
@@ -247,8 +174,8 @@ class Proxy:
                               headers: dict) -> Response:
         chunks = upstream.aiter_bytes()
         try:
-            held = await _unless_disconnected(request, self._hold(chunks, upstream))
-        except _Disconnected:
+            held = await unless_disconnected(request, self._hold(chunks, upstream))
+        except Disconnected:
             await self._close(upstream)
             return self._client_left(group, path)
         except _NoOutput as exc:
@@ -281,12 +208,12 @@ class Proxy:
                 while (end := held.find(b"\n\n", scanned)) >= 0:
                     event = held[scanned:end]
                     scanned = end + 2
-                    kind, code = _event_kind(event)
+                    kind, code = event_kind(event)
                     if kind == "output" or (kind == "error" and code < 500):
                         return held
                     if kind == "error":
                         raise _NoOutput("server_error", "failed before any output: "
-                                        f"{_upstream_message(_event_data(event))}", held)
+                                        f"{upstream_message(event_data(event))}", held)
         except httpx.HTTPError as exc:
             raise _NoOutput("no_output", f"failed before any output: {describe(exc)}") from None
         raise _NoOutput("no_output", "failed before any output: the stream ended", held)
