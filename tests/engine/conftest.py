@@ -12,6 +12,18 @@ import weakref
 import pytest
 import torch
 
+
+def per_request(step) -> list:
+    """A StepOutput as one EngineCoreOutput per request that produced something (its decode
+    columns as one-token outputs, first): the form these tests compare; the engine never
+    builds it."""
+    from shoal.engine.wire import EngineCoreOutput
+
+    columns = [EngineCoreOutput(r, [t]) for r, t in
+               zip(step.decode_req_ids, step.decode_token_ids, strict=True) if r is not None]
+    return columns + list(step.outputs)
+
+
 # Small budgets keep each engine's KV allocation (zeroed memory) cheap on a shared machine.
 TEST_KV_BYTES = 32 << 20
 _live_engines: weakref.WeakSet = weakref.WeakSet()

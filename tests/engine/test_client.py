@@ -8,9 +8,10 @@ import pytest
 import torch
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
-from shoal.engine.core_client import EngineCoreClient, InprocClient
+from shoal.engine.core_client import EngineCoreClient
+from shoal.engine.core_client.inproc import InprocClient
 
-from .conftest import TEST_KV_BYTES, assert_no_leaks
+from .conftest import TEST_KV_BYTES, assert_no_leaks, per_request
 
 
 def test_inproc_client_runs_requests_to_completion(tiny_model):
@@ -27,8 +28,7 @@ def test_inproc_client_runs_requests_to_completion(tiny_model):
     tokens, finished = {}, {}
     deadline = time.monotonic() + 60
     while (client.has_unfinished_requests() or len(finished) < 2) and time.monotonic() < deadline:
-        outputs = client.get_output()
-        for o in outputs.outputs:
+        for o in per_request(client.get_output()):
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finish_reason is not None:
                 finished[o.request_id] = o.finish_reason

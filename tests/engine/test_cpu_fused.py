@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 from shoal.engine import wire
-from shoal.engine.worker import c_build, cpu_fused
+from shoal.engine.worker.cpu import c_build
+from shoal.engine.worker.cpu import fused as cpu_fused
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.gemma2 import modeling_gemma2
@@ -297,14 +298,14 @@ def test_the_engine_logs_which_paths_run_and_answers_alike_with_and_without_them
         make_llm, tiny_model, monkeypatch, caplog, dtype):
     params = wire.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 6, 7], list(range(100, 160))]
-    caplog.set_level(logging.INFO, logger="shoal.engine.worker.model_runner")
+    caplog.set_level(logging.INFO, logger="shoal.engine.worker.cpu.backend")
     fast = make_llm(tiny_model, dtype=dtype, max_model_len=256)
     runner = fast.engine_core.model_executor.worker.model_runner
-    assert (runner.fused.norms, runner.fused.mlps) == (9, 4)  # 2 per layer + final; 4 layers
+    assert (runner.cpu.fused.norms, runner.cpu.fused.mlps) == (9, 4)  # 2 per layer + final; 4 layers
     assert "norms and activations: fused RMSNorm (9) and SiLU-gated MLP (4) layers" in caplog.text
     assert "rotary embedding: fused (modeling_llama)" in caplog.text
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
     monkeypatch.setenv(cpu_fused.DISABLE_ENV, "0")
     plain = make_llm(tiny_model, dtype=dtype, max_model_len=256)
-    assert plain.engine_core.model_executor.worker.model_runner.fused.ops is None
+    assert plain.engine_core.model_executor.worker.model_runner.cpu.fused.ops is None
     assert [o.outputs[0].token_ids for o in plain.generate(prompts, params)] == got

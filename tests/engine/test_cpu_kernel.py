@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 from shoal.engine import wire
-from shoal.engine.worker import c_build, cpu_kernel
+from shoal.engine.worker.cpu import c_build
+from shoal.engine.worker.cpu import decode_kernel as cpu_kernel
 
 pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="no C compiler here")
 
@@ -164,7 +165,7 @@ def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
     prompts = [[5, 6, 7], list(range(100, 140))]
     with_kernel = make_llm(tiny_model, dtype="float32", max_model_len=256)
     runner = with_kernel.engine_core.model_executor.worker.model_runner
-    assert runner.decode_kernel is not None
+    assert runner.cpu.decode_kernel is not None
     expected = [o.outputs[0].token_ids for o in with_kernel.generate(prompts, params)]
 
     monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))  # nothing built here yet
@@ -172,7 +173,7 @@ def test_without_a_compiler_the_engine_says_why_and_uses_the_torch_path(
     monkeypatch.setattr(shutil, "which", lambda name: None)
     caplog.set_level("WARNING")
     fallback = make_llm(tiny_model, dtype="float32", max_model_len=256)
-    assert fallback.engine_core.model_executor.worker.model_runner.decode_kernel is None
+    assert fallback.engine_core.model_executor.worker.model_runner.cpu.decode_kernel is None
     assert "no C compiler" in caplog.text
     assert [o.outputs[0].token_ids for o in fallback.generate(prompts, params)] == expected
 
@@ -188,7 +189,7 @@ def test_the_c_sources_compile_without_a_warning_at_the_shipped_flags(tmp_path):
     vector extension it splits) would otherwise go unseen."""
     import subprocess
 
-    from shoal.engine.worker import cpu_fused
+    from shoal.engine.worker.cpu import fused as cpu_fused
 
     for source in (cpu_kernel.SOURCE, cpu_fused.SOURCE):
         flags = [f for f in c_build.FLAGS if f != "-shared"]
@@ -201,7 +202,7 @@ def test_the_kernels_run_on_torchs_own_openmp_runtime(kernel):
     """Both libraries are linked against libgomp.so.1; loaded after torch they must bind to
     torch's copy (one team of threads), not bring the system's in beside it (torch's wheel
     ships its own in torch/lib, so a second binding would show as a second file)."""
-    from shoal.engine.worker import cpu_fused
+    from shoal.engine.worker.cpu import fused as cpu_fused
 
     assert cpu_fused.load()[0] is not None
     assert len(c_build.openmp_runtimes()) == 1, c_build.openmp_runtimes()

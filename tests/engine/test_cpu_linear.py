@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from shoal.engine.worker import cpu_linear
-from shoal.engine.worker.cpu_linear import PackedLinear
+from shoal.engine.worker.cpu import linear as cpu_linear
+from shoal.engine.worker.cpu.linear import PackedLinear
 from torch import nn
 
 
@@ -75,7 +75,7 @@ def test_a_packed_bf16_layer_gives_torchs_bits(shape):
     """Without a bias, torch's bits; with one (Qwen2's q/k/v), a rare element one bf16 step
     away (the two round the product and add the bias in another order), no further from the
     exact result."""
-    from shoal.engine.worker.cpu_fused import same_values
+    from shoal.engine.worker.cpu.fused import same_values
 
     torch.manual_seed(3)
     x = torch.randn(shape).to(torch.bfloat16)
@@ -102,6 +102,6 @@ def test_the_engine_runs_its_linear_layers_packed_and_says_so(make_llm, tiny_mod
     llm = make_llm(tiny_model, dtype="float32", max_model_len=256)
     runner = llm.engine_core.model_executor.worker.model_runner
     # tiny: 4 layers x (q, k, v, o, gate, up, down) + the untied LM head
-    assert runner.packed_linears == 29
+    assert runner.cpu.packed_linears == 29
     assert type(runner.model.lm_head) is PackedLinear
     assert "oneDNN-packed linear layers (29)" in caplog.text

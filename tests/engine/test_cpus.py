@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from shoal.engine import cpus
+from shoal.engine.worker.cpu import cpus
 
 AFFINITY = len(os.sched_getaffinity(0))
 

@@ -1,12 +1,13 @@
-"""errors.death_cause: permanence is decided where the exception is known, never from its text.
+"""death.death_cause: permanence is decided where the exception is known, never from its text.
 A bad setting or a missing model at start-up is permanent; the same exception class after the
 engine served is a transient engine error."""
 
 from __future__ import annotations
 
 import pytest
-from shoal.engine.errors import ConfigError, ModelNotFoundError, UnsupportedModelError, death_cause
 from shoal.contract.termination import Cause, is_permanent
+from shoal.engine.core.engine_core_proc.death import death_cause
+from shoal.engine.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
 
 
 class OutOfMemoryError(RuntimeError):  # torch's class name; torch is not needed to test it

@@ -1,4 +1,4 @@
-"""EngineCore through its public interface: requests in, EngineCoreOutputs out, aborts, prefix
+"""EngineCore through its public interface: requests in, StepOutputs out, aborts, prefix
 caching, utilities, and bad input that must not disturb requests already in flight."""
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ import pytest
 import torch
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
+from shoal.engine.core.sched_output import StepOutput
+
+from .conftest import per_request
 
 
 def request(rid: str, prompt: list[int], **params) -> wire.EngineCoreRequest:
@@ -24,8 +27,7 @@ def run_to_completion(core, deadline_steps: int = 500) -> dict[str, wire.EngineC
     for _ in range(deadline_steps):
         if not core.has_unfinished_requests() and not core.scheduler.has_requests():
             return {"tokens": tokens, "finished": finished}
-        outs = core.step()
-        for o in outs.outputs:
+        for o in per_request(core.step()):
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finish_reason is not None:
                 finished[o.request_id] = o
@@ -40,7 +42,7 @@ def core(make_engine, tiny_model):
 def test_step_returns_wire_outputs_with_stats(core):
     core.add_request(request("a", [10, 11, 12], max_tokens=3))
     outs = core.step()
-    assert isinstance(outs, wire.EngineCoreOutputs)
+    assert isinstance(outs, StepOutput)
     assert [o.request_id for o in outs.outputs] == ["a"]
     assert outs.scheduler_stats.num_running_reqs == 1
     assert outs.scheduler_stats.step_counter >= 1

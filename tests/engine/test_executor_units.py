@@ -119,11 +119,10 @@ def test_exits_are_described_by_signal_or_code():
 
 def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_path,
                                                                           monkeypatch):
+    from shoal.contract.termination import Cause, is_permanent
     from shoal.engine import wire
     from shoal.engine.config import check_model_readable
-    from shoal.engine.engine_core_proc import termination_cause
-    from shoal.engine.errors import death_cause
-    from shoal.contract.termination import Cause, is_permanent
+    from shoal.engine.core.engine_core_proc.death import death_cause
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"x")
@@ -137,4 +136,4 @@ def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_pa
     exc = PermissionError("model files ... not readable")
     dead = wire.EngineDead("EngineCore_0", 1, 0, "PermissionError", str(exc),
                            cause=death_cause(exc, serving=False).value)
-    assert termination_cause(dead) == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)
+    assert death_cause(serving=True, exc_type=dead.exc_type, stated=dead.cause) == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)

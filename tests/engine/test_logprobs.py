@@ -14,6 +14,8 @@ from shoal.engine import wire
 from shoal.engine.codec import OutputCodec
 from shoal.engine.frontend.logprobs import unpack
 
+from .conftest import per_request
+
 TOL = 1e-3
 RANK_BAND = 1e-4
 
@@ -48,7 +50,7 @@ def run(core, requests: list[wire.EngineCoreRequest], preemptions: list | None =
     outs: dict[str, list[wire.EngineCoreOutput]] = defaultdict(list)
     while core.has_unfinished_requests():
         step = core.step()
-        for o in step.outputs:
+        for o in per_request(step):
             outs[o.request_id].append(o)
         if preemptions is not None and step.scheduler_stats is not None:
             preemptions.append(step.scheduler_stats.num_preemptions)
@@ -161,14 +163,12 @@ def test_outputs_with_logprobs_cross_the_wire_whole(engine):
     engine.add_request(request("plain", p, temperature=0.0, max_tokens=3))
     seen = []
     while engine.has_unfinished_requests():
-        step = engine.step_output()
+        step = engine.step()
         assert "w" not in step.decode_req_ids  # never a bare column entry
         handles = {"w": 1, "plain": 2}
-        batch = OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
-                                 handles.get)
-        raw = msgspec.msgpack.encode(batch)
-        back = OutputCodec.from_batch(msgspec.msgpack.decode(raw, type=wire.OutputBatch),
-                                      {1: "w", 2: "plain"})
+        raw = msgspec.msgpack.encode(OutputCodec.pack(step, handles.get))
+        back = OutputCodec.unpack(msgspec.msgpack.decode(raw, type=wire.OutputBatch),
+                                  {1: "w", 2: "plain"})
         seen += [o for o in back.outputs if o.request_id == "w"]
     assert len(seen) == 3
     assert all(len(positions(o.new_logprobs)) == 1 for o in seen)

@@ -25,7 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 from shoal.engine import wire
-from shoal.engine.worker import c_build, cpu_fused, cpu_kernel, cpu_linear
+from shoal.engine.worker.cpu import c_build
+from shoal.engine.worker.cpu import decode_kernel as cpu_kernel
+from shoal.engine.worker.cpu import fused as cpu_fused
+from shoal.engine.worker.cpu import linear as cpu_linear
 
 WINDOW = 12
 MAX_NEW = 12
@@ -173,7 +176,7 @@ def test_greedy_equals_transformers_with_chunked_prefill_and_prefix_caching(
     llm = make_llm(path, tokenizer=tiny_model, dtype="float32", max_model_len=256,
                    max_num_batched_tokens=20, enable_prefix_caching=True)
     runner = llm.engine_core.model_executor.worker.model_runner
-    assert (runner.decode_kernel is not None) == (path_kind == "kernel")
+    assert (runner.cpu.decode_kernel is not None) == (path_kind == "kernel")
     modules = list(runner.model.modules())
     if path_kind == "kernel":  # every nn.Linear is packed but a head tied to the embeddings
         embeddings = runner.model.get_input_embeddings().weight
@@ -183,13 +186,13 @@ def test_greedy_equals_transformers_with_chunked_prefill_and_prefix_caching(
         assert not [m for m in modules if type(m).__name__.endswith("RMSNorm")
                     and not isinstance(m, cpu_fused.FusedRMSNorm)]
         assert not [m for m in modules if cpu_fused._is_silu_mlp(m)]
-        rope = cpu_fused.describe_rope(runner.fused.rope)
+        rope = cpu_fused.describe_rope(runner.cpu.fused.rope)
         if arch in ("gpt2", "opt"):
             assert "does not call" in rope
         else:
             assert rope.startswith("torch's own" if arch == "gpt-oss" else "fused"), rope
     else:
-        assert runner.packed_linears == 0 and runner.fused.ops is None
+        assert runner.cpu.packed_linears == 0 and runner.cpu.fused.ops is None
         assert not [m for m in modules
                     if isinstance(m, (cpu_fused.FusedRMSNorm, cpu_fused.FusedSiluMLP))]
     params = wire.SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)

@@ -8,6 +8,8 @@ from shoal.engine.core.request import Request, RequestStatus
 from shoal.engine.core.sched_output import ModelRunnerOutput
 from shoal.engine.core.scheduler import Scheduler
 
+from .conftest import per_request
+
 
 def make_scheduler(**kw) -> Scheduler:
     args = dict(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
@@ -27,7 +29,7 @@ def run_step(sched: Scheduler, token: int = 7):
     out = sched.schedule()
     sampled = {r: token for r, s in zip(out.req_ids, out.sample, strict=True) if s}
     step = sched.update_from_output(out, ModelRunnerOutput(sampled))
-    return out, step.to_engine_core_outputs().outputs
+    return out, per_request(step)
 
 
 def assert_all_blocks_free(sched: Scheduler) -> None:
@@ -173,9 +175,8 @@ def test_decode_tokens_leave_the_scheduler_as_columns_the_rest_whole():
     assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in last.outputs] == [
         ("a", [13], wire.FinishReason.LENGTH)]
     assert last.finished_requests == ["a"]
-    per_request = last.to_engine_core_outputs()
-    assert {o.request_id: o.new_token_ids for o in per_request.outputs} == {"a": [13], "b": [13]}
-    assert per_request.finished_requests == ["a"]
+    assert {o.request_id: o.new_token_ids for o in per_request(last)} == {"a": [13], "b": [13]}
+    assert last.finished_requests == ["a"]
     last.drop({"b", "a"})
     assert (last.decode_req_ids, last.decode_token_ids, last.outputs) == ([], [], [])
 

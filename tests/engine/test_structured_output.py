@@ -16,6 +16,8 @@ from shoal.engine import wire
 from shoal.engine.structured.bitmask import apply_bitmask
 from shoal.engine.wire import SamplingParams, StructuredOutputs
 
+from .conftest import per_request
+
 
 def random_schema(rng: random.Random) -> dict:
     """An object schema that always terminates: bounded strings, integers and arrays, enums."""
@@ -118,7 +120,7 @@ def test_a_slow_grammar_compile_does_not_stall_other_requests(llm):
 
         def step_until(rid: str, steps: int) -> None:
             for _ in range(steps):
-                for o in core.step().outputs:
+                for o in per_request(core.step()):
                     produced[o.request_id] += o.new_token_ids
                     if o.finish_reason is not None:
                         finished.add(o.request_id)

@@ -25,7 +25,9 @@ import torch.multiprocessing as mp
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import NewRequestData, SchedulerOutput
-from shoal.engine.worker import cpu_fused, cpu_kernel, cpu_linear
+from shoal.engine.worker.cpu import decode_kernel as cpu_kernel
+from shoal.engine.worker.cpu import fused as cpu_fused
+from shoal.engine.worker.cpu import linear as cpu_linear
 from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from shoal.engine.worker.worker import Worker
 
@@ -103,10 +105,10 @@ def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
     finally:
         mr.sample = real_sample
     return dict(logits=logits, sampled=sampled, kv_shape=tuple(runner.kv_caches[0][0].shape),
-                kv_bytes=runner.kv_bytes_per_block(), kernel=runner.decode_kernel is not None,
-                packed=runner.packed_linears,
-                fused=(runner.fused.norms, runner.fused.mlps,
-                       cpu_fused.describe_rope(runner.fused.rope)),
+                kv_bytes=runner.kv_bytes_per_block(), kernel=runner.cpu.decode_kernel is not None,
+                packed=runner.cpu.packed_linears,
+                fused=(runner.cpu.fused.norms, runner.cpu.fused.mlps,
+                       cpu_fused.describe_rope(runner.cpu.fused.rope)),
                 width_norms=sum(isinstance(m, DistributedRMSNorm) for m in runner.model.modules()))
 
 

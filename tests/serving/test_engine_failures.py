@@ -15,7 +15,8 @@ import zmq
 from serve_helpers import MODEL_NAME, wait_for
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
-from shoal.engine.mp_client import EngineDeadError, EngineStartupError, SyncMPClient
+from shoal.engine.core_client.async_client import AsyncMPClient
+from shoal.engine.errors import EngineDeadError, EngineStartupError
 
 HERE = Path(__file__).parent
 
@@ -24,53 +25,59 @@ def test_protocol_mismatch_fails_start_up_naming_both_versions(tiny_model):
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     started = time.monotonic()
     with pytest.raises(EngineStartupError) as err:
-        SyncMPClient(EngineConfig(model=tiny_model), engine_module="fake_engine_wrong_protocol",
-                     env=env)
+        AsyncMPClient(EngineConfig(model=tiny_model), engine_module="fake_engine_wrong_protocol",
+                      env=env)
     msg = str(err.value)
     assert f"frontend v{wire.PROTOCOL_VERSION}" in msg
     assert f"engine v{wire.PROTOCOL_VERSION + 1}" in msg and "9.9.9" in msg
     assert time.monotonic() - started < 30  # fails at HELLO, not after a model load
 
 
-def _run_to_finish(client: SyncMPClient, request_id: str) -> list[int]:
+async def _run_to_finish(client: AsyncMPClient, request_id: str) -> list[int]:
     tokens: list[int] = []
     while True:
-        for out in client.get_output().outputs:
+        step = await client.get_output_async()
+        tokens += [t for r, t in zip(step.decode_req_ids, step.decode_token_ids, strict=True)
+                   if r == request_id]
+        for out in step.outputs:
             if out.request_id == request_id:
                 tokens += out.new_token_ids
                 if out.finish_reason is not None:
                     return tokens
 
 
-def test_sync_client_serves_then_reports_an_engine_exception_with_its_root_cause(
+async def test_client_serves_then_reports_an_engine_exception_with_its_root_cause(
         tiny_model, tmp_path):
     term = tmp_path / "termination-log"
     # Over tcp:// (as across hosts): the frontend binds on the host, the engine connects.
-    client = SyncMPClient(
+    client = AsyncMPClient(
         EngineConfig(model=tiny_model, kv_cache_memory_bytes=64 << 20), host="127.0.0.1",
         env={"SHOAL_ENABLE_FAULT_INJECTION": "1", "SHOAL_TERMINATION_LOG": str(term)})
+    client.start()
     try:
         assert client.engine.input.getsockopt_string(zmq.LAST_ENDPOINT).startswith("tcp://")
         assert client.max_model_len == 2048 and client.num_blocks > 1
         params = wire.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-        client.add_request(wire.EngineCoreRequest("r1", [0, 40, 41, 42], params, time.time()))
-        assert len(_run_to_finish(client, "r1")) == 5
-        stats = client.call_utility("get_kv_stats")
+        await client.add_request_async(
+            wire.EngineCoreRequest("r1", [0, 40, 41, 42], params, time.time()))
+        assert len(await _run_to_finish(client, "r1")) == 5
+        stats = await client.call_utility_async("get_kv_stats")
         assert stats["num_blocks"] == client.num_blocks
-        assert client.call_utility("ping") == "pong"
+        assert await client.call_utility_async("ping") == "pong"
         with pytest.raises(RuntimeError, match="not allowed"):
-            client.call_utility("shutdown")
+            await client.call_utility_async("shutdown")
         # A request the engine refuses comes back as a rejection, the engine lives on.
-        client.add_request(wire.EngineCoreRequest("bad", [], params, time.time()))
+        await client.add_request_async(wire.EngineCoreRequest("bad", [], params, time.time()))
         rejected = None
         while rejected is None:
-            rejected = client.get_output().rejected
+            rejected = (await client.get_output_async()).rejected
         assert rejected[0].status == 400 and "empty" in rejected[0].message
 
         with pytest.raises(EngineDeadError):
-            client.call_utility("fail_for_test", "injected boom")
+            await client.call_utility_async("fail_for_test", "injected boom")
         with pytest.raises(EngineDeadError) as err:
-            client.get_output()
+            while True:  # the outputs still queued, then the death
+                await client.get_output_async()
         dead = err.value.dead
         assert dead.process == "EngineCore_0" and dead.rank == 0
         assert dead.exc_type == "RuntimeError" and dead.message == "injected boom"

@@ -12,7 +12,7 @@ from shoal.engine.frontend.output_processor import (
     RequestOutput,
     RequestOutputCollector,
 )
-from shoal.engine.frontend.tokenizer import FastTokenizer
+from shoal.engine.tokenizer import FastTokenizer
 from shoal.engine.wire import EngineCoreOutput, FinishReason, SamplingParams
 
 TEXTS = ["def main():\n    print('hello, world')\n", "  x = [1, 2, 3]  # é ü 🙂", ""]

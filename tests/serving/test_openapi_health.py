@@ -13,12 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from shoal.engine.entrypoints.api_server import build_app
 from shoal.engine.entrypoints.http_errors import ErrorResponse, exception_response
+from shoal.engine.errors import RETRY_AFTER_S, EngineDeadError, RequestRejectedError
 from shoal.engine.frontend.async_llm import AsyncLLM
-from shoal.engine.frontend.errors import RETRY_AFTER_S, RequestRejectedError
 from shoal.engine.frontend.input_processor import InputProcessor
 from shoal.engine.frontend.metrics import FrontendMetrics
-from shoal.engine.frontend.tokenizer import load_tokenizer
-from shoal.engine.mp_client import EngineDeadError
+from shoal.engine.tokenizer import load_tokenizer
 from shoal.engine.wire import EngineDead
 
 KEY = "k"

@@ -46,7 +46,7 @@ def greedy(client, prompt, max_tokens=16, **extra):
 def test_the_engine_takes_every_usable_cpu_by_default(server):
     """No --num-threads: `shoal serve` gives the engine rank the CPUs this process may use
     (affinity and cgroup limit, cpus.py), and the engine process logs what it took."""
-    from shoal.engine.cpus import usable_cpus
+    from shoal.engine.worker.cpu.cpus import usable_cpus
 
     assert f"rank 0: {usable_cpus()} torch threads" in server.log()
 
@@ -54,7 +54,7 @@ def test_the_engine_takes_every_usable_cpu_by_default(server):
 def test_the_engine_says_whether_its_idle_openmp_threads_sleep(server):
     """Set before torch loads OpenMP in the engine process (cpus.omp_wait_env: sleep unless
     pinned to CPUs of its own or told otherwise), and logged with the reason."""
-    from shoal.engine.cpus import omp_wait_env
+    from shoal.engine.worker.cpu.cpus import omp_wait_env
 
     env, why = omp_wait_env()
     policy = env.get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "unset"))

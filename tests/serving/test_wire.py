@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from shoal.engine import codec, wire
 from shoal.engine.codec import MsgpackDecoder, MsgpackEncoder, OutputCodec
+from shoal.engine.core.sched_output import StepOutput
 
 SP = wire.SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["\n\n"],
                          stop_token_ids=[2], max_tokens=32, ignore_eos=True)
@@ -20,8 +21,9 @@ EVERY_STRUCT = [
     wire.SchedulerStats(3, 4, 0.25, 64, 32, 1, 99),
     wire.UtilityOutput(5, None, msgspec.msgpack.encode({"num_free_blocks": 3})),
     wire.UtilityOutput(6, "ValueError: nope"),
-    wire.EngineCoreOutputs(0, [wire.EngineCoreOutput("a", [1])], wire.SchedulerStats(1),
-                           12.5, None, ["a"], [wire.RequestRejected("b", 503, "draining")]),
+    wire.OutputBatch(0, 2, 2, b"\x01\x00", b"\x05\x00", [wire.EngineCoreOutput("", [1])], [3],
+                     wire.SchedulerStats(1), 12.5, None, ["a"],
+                     [wire.RequestRejected("b", 503, "draining")]),
     wire.RequestRejected("x", 400, "bad"),
     wire.EngineHello(wire.PROTOCOL_VERSION, "0.1.0", 123, "host", 0, 0),
     wire.HandshakeAck(wire.PROTOCOL_VERSION, "0.1.0", False, "mismatch"),
@@ -37,15 +39,13 @@ EVERY_STRUCT = [
 def test_every_struct_round_trips(obj):
     frames = MsgpackEncoder().encode(obj)
     back = MsgpackDecoder(type(obj)).decode(frames)
-    if isinstance(obj, wire.EngineCoreOutputs):
-        back.timestamp = obj.timestamp
     assert back == obj
 
 
 def test_request_type_tags_are_single_bytes_and_stable():
     assert {t.name: t.value for t in wire.RequestType} == {
         "ADD": b"\x00", "ABORT": b"\x01", "UTILITY": b"\x03", "EXECUTOR_FAILED": b"\x04",
-        "WAKEUP": b"\x05", "HANDSHAKE": b"\x06"}
+        "HANDSHAKE": b"\x06"}  # b"\x05" was WAKEUP (engine-internal, never sent): not reused
     assert [int(r) for r in wire.FinishReason] == [0, 1, 2, 3]
 
 
@@ -58,45 +58,52 @@ DECODE_BATCH_VECTOR = bytes.fromhex(
     "cb405ee00000000000c0c0c0")
 
 
-def _decode_outputs() -> wire.EngineCoreOutputs:
-    return wire.EngineCoreOutputs(
-        outputs=[wire.EngineCoreOutput("a", [100]), wire.EngineCoreOutput("b", [7000])],
-        scheduler_stats=wire.SchedulerStats(num_running_reqs=2, kv_cache_usage=0.5,
-                                            step_counter=9),
-        timestamp=123.5)
+def _decode_step() -> StepOutput:
+    return StepOutput(["a", "b"], [100, 7000],
+                      scheduler_stats=wire.SchedulerStats(num_running_reqs=2, kv_cache_usage=0.5,
+                                                          step_counter=9),
+                      timestamp=123.5)
 
 
-def test_decode_batch_matches_the_fixed_byte_vector():
-    batch = OutputCodec.to_batch(_decode_outputs(), {"a": 1, "b": 2}.get)
-    assert msgspec.msgpack.encode(batch) == DECODE_BATCH_VECTOR
+def _per_request(step: StepOutput) -> list[wire.EngineCoreOutput]:
+    """One output per request (the decode columns as one-token outputs): what is compared."""
+    return [wire.EngineCoreOutput(r, [t]) for r, t in
+            zip(step.decode_req_ids, step.decode_token_ids, strict=True)
+            if r is not None] + step.outputs
 
 
-def test_engine_step_columns_pack_to_the_same_byte_vector():
-    """What EngineCoreProc sends (a step's decode columns, never per-token objects) is the very
-    batch the per-request form packs to."""
-    from shoal.engine.core.sched_output import StepOutput
+def _step_of(outputs: list[wire.EngineCoreOutput], **fields) -> StepOutput:
+    """A step as the scheduler makes it: plain one-token outputs in the columns, others whole."""
+    step = StepOutput(**fields)
+    for o in outputs:
+        if len(o.new_token_ids) == 1 and o == wire.EngineCoreOutput(o.request_id,
+                                                                    o.new_token_ids):
+            step.decode_req_ids.append(o.request_id)
+            step.decode_token_ids.append(o.new_token_ids[0])
+        else:
+            step.outputs.append(o)
+    return step
 
-    src = _decode_outputs()
-    step = StepOutput(["a", "b"], [100, 7000], scheduler_stats=src.scheduler_stats)
-    batch = OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
-                             {"a": 1, "b": 2}.get, scheduler_stats=step.scheduler_stats,
-                             timestamp=src.timestamp)
+
+def test_engine_step_columns_pack_to_the_fixed_byte_vector():
+    """What the engine process sends (a step's decode columns, never per-token objects)."""
+    batch = OutputCodec.pack(_decode_step(), {"a": 1, "b": 2}.get)
     assert msgspec.msgpack.encode(batch) == DECODE_BATCH_VECTOR
 
 
 def test_a_decode_column_entry_without_a_handle_travels_whole_by_id():
-    batch = OutputCodec.pack(["h", "x"], [1, 2], [], {"h": 9}.get)
+    batch = OutputCodec.pack(StepOutput(["h", "x"], [1, 2]), {"h": 9}.get)
     assert batch.extra_handles == [-1]
-    back = OutputCodec.from_batch(MsgpackDecoder(wire.OutputBatch).decode(
+    back = OutputCodec.unpack(MsgpackDecoder(wire.OutputBatch).decode(
         MsgpackEncoder().encode(batch)), {9: "h"})
-    assert sorted(back.outputs, key=lambda o: o.request_id) == [
+    assert sorted(_per_request(back), key=lambda o: o.request_id) == [
         wire.EngineCoreOutput("h", [1]), wire.EngineCoreOutput("x", [2])]
 
 
 def test_fixed_byte_vector_decodes_to_the_same_outputs():
     batch = msgspec.msgpack.decode(DECODE_BATCH_VECTOR, type=wire.OutputBatch)
-    outs = OutputCodec.from_batch(batch, {1: "a", 2: "b"})
-    assert outs.outputs == _decode_outputs().outputs
+    outs = OutputCodec.unpack(batch, {1: "a", 2: "b"})
+    assert _per_request(outs) == _per_request(_decode_step())
     assert outs.scheduler_stats.kv_cache_usage == 0.5 and outs.timestamp == 123.5
 
 
@@ -112,40 +119,38 @@ def test_per_output_request_vector_is_stable():
 
 
 def test_columnar_batch_keeps_everything_that_is_not_a_plain_decode():
-    outs = wire.EngineCoreOutputs(outputs=[
+    outs = [
         wire.EngineCoreOutput("plain", [70000]),  # a token id above 16 bits: 4-byte column
         wire.EngineCoreOutput("first", [3], num_cached_tokens=16),
         wire.EngineCoreOutput("done", [4], wire.FinishReason.STOP, stop_reason=4),
         wire.EngineCoreOutput("multi", [5, 6]),
         wire.EngineCoreOutput("nohandle", [7]),
-    ], finished_requests=["done"])
+    ]
     handles = {"plain": 100000, "first": 1, "done": 2, "multi": 3}
-    batch = OutputCodec.to_batch(outs, handles.get)
+    batch = OutputCodec.pack(_step_of(outs), handles.get)
     assert batch.handle_width == 4 and batch.token_width == 4
     wire_bytes = MsgpackEncoder().encode(batch)
-    back = OutputCodec.from_batch(MsgpackDecoder(wire.OutputBatch).decode(wire_bytes),
-                                  {h: r for r, h in handles.items()})
+    back = OutputCodec.unpack(MsgpackDecoder(wire.OutputBatch).decode(wire_bytes),
+                              {h: r for r, h in handles.items()})
     key = lambda o: o.request_id  # noqa: E731
-    assert sorted(back.outputs, key=key) == sorted(outs.outputs, key=key)
+    assert sorted(_per_request(back), key=key) == sorted(outs, key=key)
     assert back.finished_requests == ["done"]
 
 
 def test_outputs_of_unknown_handles_are_dropped_not_misattributed():
-    outs = wire.EngineCoreOutputs(outputs=[wire.EngineCoreOutput("gone", [1]),
-                                           wire.EngineCoreOutput("live", [2])])
-    batch = OutputCodec.to_batch(outs, {"gone": 5, "live": 6}.get)
-    back = OutputCodec.from_batch(batch, {6: "live"})
-    assert [o.request_id for o in back.outputs] == ["live"]
+    outs = [wire.EngineCoreOutput("gone", [1]), wire.EngineCoreOutput("live", [2])]
+    batch = OutputCodec.pack(_step_of(outs), {"gone": 5, "live": 6}.get)
+    back = OutputCodec.unpack(batch, {6: "live"})
+    assert [o.request_id for o in _per_request(back)] == ["live"]
 
 
 def test_columnar_layout_is_at_most_12_bytes_per_token_at_batch_128():
-    outs = wire.EngineCoreOutputs(
-        outputs=[wire.EngineCoreOutput(f"chatcmpl-{i:016x}-abcdef12", [5000 + i])
-                 for i in range(128)],
-        scheduler_stats=wire.SchedulerStats(128, 0, 0.5, 0, 0, 0, 1000))
-    handles = {o.request_id: i for i, o in enumerate(outs.outputs)}
-    columnar = len(MsgpackEncoder().encode(OutputCodec.to_batch(outs, handles.get))[0])
-    per_output = len(msgspec.msgpack.encode(outs))
+    outs = [wire.EngineCoreOutput(f"chatcmpl-{i:016x}-abcdef12", [5000 + i]) for i in range(128)]
+    stats = wire.SchedulerStats(128, 0, 0.5, 0, 0, 0, 1000)
+    handles = {o.request_id: i for i, o in enumerate(outs)}
+    step = _step_of(outs, scheduler_stats=stats)
+    columnar = len(MsgpackEncoder().encode(OutputCodec.pack(step, handles.get))[0])
+    per_output = len(msgspec.msgpack.encode([outs, stats]))  # one struct per token, with its id
     assert columnar / 128 <= 12, columnar / 128
     assert per_output / 128 > 40  # what the columnar layout saves: the ~34-byte id per token
 

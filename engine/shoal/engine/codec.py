@@ -7,13 +7,14 @@ is *how* they become frames.
 - Arrays (numpy ndarrays, torch tensors) encode as `(dtype, shape, data)`. Below
   `size_threshold` bytes, `data` is the bytes inline; above it, `data` is an int index into extra
   frames that follow the msgpack frame, handed to ZeroMQ without a copy. The sender must keep
-  those buffers (and the reused encode buffer) alive until ZeroMQ is done: engine_core_proc.py
-  tracks them with zmq MessageTrackers.
+  those buffers (and the reused encode buffer) alive until ZeroMQ is done: the engine's output
+  thread (core/engine_core_proc/io_threads.py) tracks them with zmq MessageTrackers.
 - `encode_into` writes into a caller-owned bytearray, so the engine's output thread recycles
   a few buffers instead of allocating one per step.
-- `OutputCodec` converts EngineCoreOutputs (per-request objects, what EngineCore.step() returns
-  and what the OutputProcessor consumes) to and from the columnar OutputBatch at the socket
-  edge. Requests are named by the small wire handle their ADD carried.
+- `OutputCodec` converts a step's outputs between their one in-process shape (StepOutput:
+  decode tokens as columns, the rest whole) and their one wire shape (the columnar OutputBatch)
+  at the socket edge: `pack` in the engine process, `unpack` in the frontend's client. Requests
+  are named by the small wire handle their ADD carried.
 - No pickle: an object msgspec cannot encode is an error, not a fallback.
 """
 
@@ -26,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-from shoal.engine.wire import EngineCoreOutput, EngineCoreOutputs, OutputBatch
+from shoal.engine.core.sched_output import StepOutput
+from shoal.engine.wire import EngineCoreOutput, OutputBatch
 
 # Arrays smaller than this travel inline in the msgpack frame; a separate frame costs more than
 # copying a few hundred bytes (vLLM's VLLM_MSGPACK_ZERO_COPY_THRESHOLD default).
@@ -131,24 +133,8 @@ class MsgpackDecoder:
 
 # ----- columnar outputs ---------------------------------------------------------------------
 
-_OUTPUT_FIELDS = msgspec.structs.fields(EngineCoreOutput)
-# Fields beyond the ones checked inline below (anything appended later): a plain decode output
-# has all of them at their defaults.
-_KNOWN = {"request_id", "new_token_ids", "finish_reason", "stop_reason", "num_cached_tokens"}
-_OTHER_DEFAULTS = [(f.name, f.default) for f in _OUTPUT_FIELDS if f.name not in _KNOWN]
 
-
-def _is_plain(o: EngineCoreOutput) -> bool:
-    if (len(o.new_token_ids) != 1 or o.finish_reason is not None or o.stop_reason is not None
-            or o.num_cached_tokens):
-        return False
-    for name, default in _OTHER_DEFAULTS:
-        if getattr(o, name) != default:
-            return False
-    return True
-
-
-def _pack(values: list[int]) -> tuple[int, bytes]:
+def _pack(values: Sequence[int]) -> tuple[int, bytes]:
     """(width, little-endian bytes): 2 bytes per entry when every value fits, else 4."""
     n = len(values)
     try:
@@ -166,28 +152,25 @@ def _unpack(data: bytes, width: int) -> array:
 
 
 class OutputCodec:
-    """EngineCoreOutputs <-> OutputBatch. The engine side names requests by handle; the frontend
-    side maps handles back to request ids."""
+    """StepOutput <-> OutputBatch. The engine side names requests by handle; the frontend side
+    maps handles back to request ids."""
 
     @staticmethod
-    def pack(decode_req_ids: list[str], decode_token_ids: list[int],
-             outputs: list[EngineCoreOutput], handle_of: Callable[[str], int | None],
-             **fields: Any) -> OutputBatch:
-        """Decode-token columns (request ids, token ids) and whole outputs -> OutputBatch, the
-        way the engine sends a step (`fields`: the OutputBatch fields beyond the outputs).
-        `handle_of(request_id)` -> the handle the request's ADD carried, or None: then the
-        output travels in extras with its full id."""
-        handles = list(map(handle_of, decode_req_ids))
-        tokens = decode_token_ids
+    def pack(step: StepOutput, handle_of: Callable[[str], int | None]) -> OutputBatch:
+        """The engine's side. `handle_of(request_id)` -> the handle the request's ADD carried,
+        or None: then the output travels in extras with its full id."""
+        handles = list(map(handle_of, step.decode_req_ids))
+        tokens = step.decode_token_ids
         extras: list[EngineCoreOutput] = []
         extra_handles: list[int] = []
         if None in handles:  # requests added without a handle (rare): whole, by id
+            ids = step.decode_req_ids
             keep = [i for i, h in enumerate(handles) if h is not None]
-            extras = [EngineCoreOutput(decode_req_ids[i], [tokens[i]])
+            extras = [EngineCoreOutput(ids[i], [tokens[i]])
                       for i, h in enumerate(handles) if h is None]
             extra_handles = [-1] * len(extras)
             handles, tokens = [handles[i] for i in keep], [tokens[i] for i in keep]
-        for o in outputs:
+        for o in step.outputs:
             h = handle_of(o.request_id)
             if h is None:
                 extras.append(o)
@@ -199,63 +182,28 @@ class OutputCodec:
         tw, token_bytes = _pack(tokens)
         return OutputBatch(handle_width=hw, token_width=tw, handles=handle_bytes,
                            token_ids=token_bytes, extras=extras, extra_handles=extra_handles,
-                           **fields)
+                           scheduler_stats=step.scheduler_stats, timestamp=step.timestamp,
+                           utility_output=step.utility_output,
+                           finished_requests=step.finished_requests or None,
+                           rejected=step.rejected)
 
     @staticmethod
-    def to_batch(outs: EngineCoreOutputs, handle_of: Callable[[str], int | None]) -> OutputBatch:
-        """The per-request form -> OutputBatch: plain outputs into the columns, the rest whole."""
-        ids: list[str] = []
-        toks: list[int] = []
-        others: list[EngineCoreOutput] = []
-        for o in outs.outputs:
-            if _is_plain(o):
-                ids.append(o.request_id)
-                toks.append(o.new_token_ids[0])
-            else:
-                others.append(o)
-        return OutputCodec.pack(
-            ids, toks, others, handle_of, engine_index=outs.engine_index,
-            scheduler_stats=outs.scheduler_stats, timestamp=outs.timestamp,
-            utility_output=outs.utility_output, finished_requests=outs.finished_requests,
-            rejected=outs.rejected)
-
-    @staticmethod
-    def columns(batch: OutputBatch, id_of: dict[int, str]
-                ) -> tuple[list[str | None], array, list[EngineCoreOutput]]:
-        """The decode-token columns as (request ids, token ids) and the other outputs with their
-        ids restored. A request id is None where the frontend already dropped the handle
-        (aborted): its output is to be ignored, handles are never reused while the engine may
-        still emit for them. The frontend consumes this form without per-token objects."""
+    def unpack(batch: OutputBatch, id_of: dict[int, str]) -> StepOutput:
+        """The frontend's side. A column's request id is None where the frontend already
+        dropped the handle (aborted): that token is to be ignored; handles are never reused
+        while the engine may still emit for them. A whole output of an unknown handle is
+        dropped, never misattributed."""
         get = id_of.get
-        rids = list(map(get, _unpack(batch.handles, batch.handle_width)))
-        toks = _unpack(batch.token_ids, batch.token_width)
-        extras: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = []
         for h, o in zip(batch.extra_handles, batch.extras, strict=True):
             if h >= 0:
                 rid = get(h)
                 if rid is None:
                     continue
                 o.request_id = rid
-            extras.append(o)
-        return rids, toks, extras
-
-    @staticmethod
-    def from_batch(batch: OutputBatch, id_of: dict[int, str]) -> EngineCoreOutputs:
-        """Back to per-request EngineCoreOutput objects (the EngineCoreClient contract)."""
-        rids, toks, extras = OutputCodec.columns(batch, id_of)
-        outputs = [EngineCoreOutput(r, [t]) for r, t in zip(rids, toks, strict=True)
-                   if r is not None]
-        outputs += extras
-        return OutputCodec.shell(batch, outputs)
-
-    @staticmethod
-    def shell(batch: OutputBatch, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
-        return EngineCoreOutputs(
-            engine_index=batch.engine_index,
-            outputs=outputs,
-            scheduler_stats=batch.scheduler_stats,
-            timestamp=batch.timestamp,
-            utility_output=batch.utility_output,
-            finished_requests=batch.finished_requests,
-            rejected=batch.rejected,
-        )
+            outputs.append(o)
+        return StepOutput(
+            decode_req_ids=list(map(get, _unpack(batch.handles, batch.handle_width))),
+            decode_token_ids=_unpack(batch.token_ids, batch.token_width),
+            outputs=outputs, scheduler_stats=batch.scheduler_stats, rejected=batch.rejected,
+            utility_output=batch.utility_output, timestamp=batch.timestamp)

@@ -1,15 +1,25 @@
-"""Errors whose permanence the engine knows, and the one place a death gets its cause.
+"""Every error type of the engine, in one module both processes and the HTTP layer import.
 
-A restart cannot fix a bad setting or a missing model, so those are permanent; but only where
-the engine *knows* it is one: the exception is one of these classes, raised at start-up by the
-code that checked (config validation, the model directory, the architecture check). Anything
-raised after the engine served is transient unless proven otherwise (a ValueError in a step is
-a bug or a bad batch, not a bad spec). Nothing here reads an error's text to decide.
+Three families, by who raises them and who reads them:
+- Permanence the engine knows (ConfigError and its kinds): raised at start-up by the code that
+  checked (config validation, the model directory, the architecture check). A restart cannot fix
+  a bad setting or a missing model; the death path (core/engine_core_proc/death.py) turns these
+  classes, never an error's text, into a termination cause.
+- The engine process from the frontend's side (EngineDeadError, EngineStoppedError,
+  EngineStartupError): raised by the core client when the process died, stopped or never came
+  up. Here rather than in the client, so the HTTP layer does not import the transport for them.
+- A request's failure in the frontend (RequestError and its kinds), each with its HTTP status.
 """
 
 from __future__ import annotations
 
-from shoal.contract.termination import Cause
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shoal.engine import wire
+
+
+# ----- permanence the engine knows ------------------------------------------------------------
 
 
 class ConfigError(ValueError):
@@ -24,20 +34,66 @@ class UnsupportedModelError(ConfigError):
     """The model uses an architecture or feature the engine does not implement (named)."""
 
 
-# Exception class names that mean memory ran out (torch's is torch.OutOfMemoryError).
-OOM_TYPES = frozenset({"MemoryError", "OutOfMemoryError"})
+# ----- the engine process, seen from the frontend -----------------------------------------------
 
 
-def death_cause(exc: BaseException, *, serving: bool) -> Cause:
-    """The cause a dying engine process writes, decided where the exception object is known.
+class EngineDeadError(RuntimeError):
+    """The engine process died; `dead` names the process, rank and root cause."""
 
-    `serving`: the engine had finished start-up (it answered its first step)."""
-    if type(exc).__name__ in OOM_TYPES:
-        return Cause.OUT_OF_MEMORY
-    if not serving:
-        if isinstance(exc, ModelNotFoundError):
-            return Cause.MODEL_NOT_FOUND
-        if isinstance(exc, ConfigError):
-            return Cause.CONFIG_ERROR
-        return Cause.STARTUP_ERROR
-    return Cause.ENGINE_ERROR
+    def __init__(self, dead: wire.EngineDead) -> None:
+        super().__init__(f"the engine died: {dead.describe()}")
+        self.dead = dead
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine exited cleanly on request (shutdown); nothing more will come."""
+
+
+class EngineStartupError(RuntimeError):
+    """Start-up failed before the engine could report a root cause of its own."""
+
+
+# ----- a request's failure in the frontend ------------------------------------------------------
+
+# Retry-After (seconds) on every 503 that means "come back later" (draining, shutting down).
+# One second: by then the readiness probe (which sees /health's 503 at once) has taken this
+# replica out of the Service, so a retry through it lands on another replica; a client talking
+# to this replica alone keeps getting 503 until a new one answers, and retries that cheaply.
+RETRY_AFTER_S = 1
+
+
+class RequestError(Exception):
+    """A request failed for a reason the client should see; `status` is the HTTP status."""
+
+    status = 500
+    kind = "InternalServerError"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds the client should wait before retrying; set on every 503 (see above)."""
+        return RETRY_AFTER_S if self.status == 503 else None
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """The request itself is wrong (400): the message says what to change."""
+
+    status = 400
+    kind = "BadRequestError"
+
+
+class EngineUnavailableError(RequestError):
+    """The engine does not take new requests right now (503): draining or stopped."""
+
+    status = 503
+    kind = "ServiceUnavailableError"
+
+
+class RequestRejectedError(RequestError):
+    """The engine refused the ADD; status and message come from the engine."""
+
+    kind = "EngineRejectedError"

@@ -91,10 +91,10 @@ def _engine_args(kwargs: dict) -> dict:
 
 class LLM:
     def __init__(self, model: str, *, tokenizer: str | None = None, **kwargs) -> None:
-        from shoal.engine.core_client import InprocClient
+        from shoal.engine.core_client.inproc import InprocClient
         from shoal.engine.frontend.async_llm import _extra_eos_ids
         from shoal.engine.frontend.input_processor import InputProcessor
-        from shoal.engine.frontend.tokenizer import load_tokenizer
+        from shoal.engine.tokenizer import load_tokenizer
 
         self.config = EngineConfig(model=model, **_engine_args(kwargs))
         self.tokenizer = load_tokenizer(tokenizer or model)
@@ -183,11 +183,12 @@ class LLM:
                 self.client.add_request(req)
                 added.append(req.request_id)
             while op.request_states:
-                outputs = self.client.get_output()
-                to_abort = op.process_outputs(outputs.outputs)
+                step = self.client.get_output()
+                to_abort = (op.process_tokens(step.decode_req_ids, step.decode_token_ids)
+                            + op.process_outputs(step.outputs))
                 if to_abort:  # stop strings, found here
                     self.client.abort_requests(to_abort)
-                self._count(outputs.scheduler_stats)
+                self._count(step.scheduler_stats)
                 self._collect(slots)
         except BaseException:
             self.client.abort_requests([r for r in added if r in op.request_states])

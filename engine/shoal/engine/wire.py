@@ -23,8 +23,9 @@ What travels where (see docs/serving.md for the diagram):
 - frontend -> engine, on the engine's DEALER (frontend ROUTER): [identity][RequestType][msgpack]
   with EngineCoreRequest (ADD), list[str] (ABORT), UtilityCall (UTILITY), HandshakeAck.
 - engine -> frontend, on the same socket, first thing at start-up: EngineHello.
-- engine -> frontend, on PUSH (frontend PULL): OutputBatch (the columnar form of
-  EngineCoreOutputs, see codec.py) plus zero-copy aux frames; or a two-frame notice:
+- engine -> frontend, on PUSH (frontend PULL): OutputBatch (a step's outputs, columnar; the
+  codec converts it from and to StepOutput, their one in-process shape) plus zero-copy aux
+  frames; or a two-frame notice, told apart by its first frame, one of the constants below:
   [ENGINE_CORE_READY][EngineReady], [ENGINE_CORE_DEAD][EngineDead],
   [ENGINE_CORE_STOPPED][EngineStopped].
 """
@@ -32,7 +33,6 @@ What travels where (see docs/serving.md for the diagram):
 from __future__ import annotations
 
 import enum
-import time
 
 import msgspec
 
@@ -48,9 +48,9 @@ class RequestType(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     UTILITY = b"\x03"
-    # Engine-internal sentinels: never sent by a client.
+    # Engine-internal sentinel (a rank or an IO thread failed): never sent by a client.
     EXECUTOR_FAILED = b"\x04"
-    WAKEUP = b"\x05"
+    # b"\x05" was WAKEUP, an engine-internal sentinel nothing sent: never reuse it.
     # Frontend -> engine answer to EngineHello (a HandshakeAck): protocol check on both sides.
     HANDSHAKE = b"\x06"
 
@@ -206,24 +206,6 @@ class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
     result: bytes | None = None  # the return value, msgpack-encoded (decode with its own type)
 
 
-class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Engine -> frontend: everything one step produced, sent once per step (not per token)."""
-
-    engine_index: int = 0
-    outputs: list[EngineCoreOutput] = []
-    scheduler_stats: SchedulerStats | None = None
-    timestamp: float = 0.0  # time.monotonic() in the engine process
-    utility_output: UtilityOutput | None = None
-    finished_requests: list[str] | None = None
-    # ADDs the engine refused (draining for shutdown, or invalid): the frontend fails those
-    # requests with the status and message given, instead of waiting forever.
-    rejected: list[RequestRejected] | None = None
-
-    def __post_init__(self) -> None:
-        if self.timestamp == 0.0:
-            self.timestamp = time.monotonic()
-
-
 class RequestRejected(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Engine -> frontend: an ADD the engine did not admit, and why (HTTP-shaped status)."""
 
@@ -283,7 +265,7 @@ class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
 
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Frontend -> engine (RequestType.UTILITY): call one allow-listed EngineCore method.
-    The answer comes back as EngineCoreOutputs.utility_output with the same call_id."""
+    The answer comes back as OutputBatch.utility_output with the same call_id."""
 
     call_id: int
     method: str
@@ -294,7 +276,8 @@ class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
 
 
 class OutputBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Engine -> frontend: the wire form of EngineCoreOutputs (codec.py converts both ways).
+    """Engine -> frontend: one step's outputs, the wire's one shape for them (codec.py packs a
+    StepOutput into it and unpacks it back).
 
     Plain decode outputs (one new token, nothing else set) travel as two packed little-endian
     columns, `handles` and `token_ids`, of `handle_width` / `token_width` bytes per entry (2 or 4),
@@ -338,7 +321,7 @@ class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     # Multi-node groups: the node the failing process ran on (0 = the EngineCore's node).
     node_rank: int = 0
     # The termination cause (shoal.contract.termination.Cause value) decided by the process that
-    # held the exception (errors.death_cause); "" from a peer that predates it.
+    # held the exception (core/engine_core_proc/death.py); "" from a peer that predates it.
     cause: str = ""
 
     def describe(self) -> str:

@@ -1,10 +1,10 @@
 """EngineCore: the pure inner loop. It owns the scheduler (and through it the KV cache manager
 and every block table) and the executor; it knows nothing about sockets or processes.
 
-`step_output()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile
--> update from output; `step()` is the same in the per-request form of the wire. The process
-wrapper (the serving side) calls `add_request`, `abort_requests` / `enqueue_aborts` and
-`step_output()`; `InprocClient` calls them and `step()` directly.
+`step()` is the whole engine: schedule -> execute -> apply aborts that arrived meanwhile ->
+update from output, returning a StepOutput (core/sched_output.py). The process half of the pair
+(core/engine_core_proc/busy_loop.py) calls `add_request`, `abort_requests` / `enqueue_aborts`
+and `step()`; `InprocClient` (core_client/inproc.py) calls them directly.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class EngineCore:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def step_output(self) -> StepOutput:
+    def step(self) -> StepOutput:
         """Schedule, execute, and make output (decode tokens as columns: see StepOutput)."""
         if not self.scheduler.has_requests():
             self._process_aborts_queue()
@@ -170,10 +170,6 @@ class EngineCore:
                 waited.append((nr.req_id, now - req.queued_at))
                 req.queued_at = None
         return waited or None
-
-    def step(self) -> wire.EngineCoreOutputs:
-        """One step, one EngineCoreOutput per request that produced something."""
-        return self.step_output().to_engine_core_outputs()
 
     # -- utilities (allow-listed in UTILITY_METHODS) --------------------------------------
 

@@ -7,6 +7,7 @@ are plain lists so that a multiprocess executor can serialise them without torch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shoal.engine import wire
@@ -59,17 +60,25 @@ class ModelRunnerOutput:
 
 @dataclass
 class StepOutput:
-    """What one EngineCore step produced, before it meets a wire or a client.
+    """One step's outputs: the one in-process shape, on both sides of the wire.
 
-    Plain decode tokens (one new token for a request that goes on: most of every step) are two
-    parallel columns, not one EngineCoreOutput each, so EngineCoreProc packs them into the wire's
-    OutputBatch columns without building a per-token object. Everything else (first tokens,
-    finishes, aborts) is a whole EngineCoreOutput in `outputs`."""
+    The EngineCore's `step()` returns it; the engine process packs it into the wire's one shape,
+    OutputBatch (codec.OutputCodec.pack), and the frontend's client unpacks that back into this
+    (OutputCodec.unpack); InprocClient hands it over as it is. Plain decode tokens (one new token
+    for a request that goes on: most of every step) are two parallel columns, not one
+    EngineCoreOutput each, so no per-token object is built on either side. Everything else
+    (first tokens, finishes, aborts) is a whole EngineCoreOutput in `outputs`. On the frontend a
+    column's request id is None where the request was already dropped there (aborted): ignore
+    that token. `rejected` (ADDs the engine refused) and `utility_output` (a UTILITY answer) are
+    set by the engine process; `timestamp` is its time.monotonic() when it sent the step."""
 
-    decode_req_ids: list[str] = field(default_factory=list)
-    decode_token_ids: list[int] = field(default_factory=list)
+    decode_req_ids: list[str | None] = field(default_factory=list)
+    decode_token_ids: Sequence[int] = field(default_factory=list)
     outputs: list[wire.EngineCoreOutput] = field(default_factory=list)
     scheduler_stats: wire.SchedulerStats | None = None
+    rejected: list[wire.RequestRejected] | None = None
+    utility_output: wire.UtilityOutput | None = None
+    timestamp: float = 0.0
 
     @property
     def finished_requests(self) -> list[str]:
@@ -82,11 +91,3 @@ class StepOutput:
         self.decode_req_ids = [self.decode_req_ids[i] for i in keep]
         self.decode_token_ids = [self.decode_token_ids[i] for i in keep]
         self.outputs = [o for o in self.outputs if o.request_id not in request_ids]
-
-    def to_engine_core_outputs(self) -> wire.EngineCoreOutputs:
-        """The per-request form (the EngineCoreClient contract, e.g. InprocClient)."""
-        outputs = [wire.EngineCoreOutput(r, [t])
-                   for r, t in zip(self.decode_req_ids, self.decode_token_ids, strict=True)]
-        return wire.EngineCoreOutputs(outputs=outputs + self.outputs,
-                                      scheduler_stats=self.scheduler_stats,
-                                      finished_requests=self.finished_requests or None)

@@ -23,9 +23,8 @@ from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
 from shoal.engine.entrypoints.serving_completions import completions_router
 from shoal.engine.entrypoints.tool_calls import ToolSettings
+from shoal.engine.errors import EngineDeadError, RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
-from shoal.engine.frontend.errors import RequestError
-from shoal.engine.mp_client import EngineDeadError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 

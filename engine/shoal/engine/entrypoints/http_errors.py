@@ -12,8 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from shoal.engine.entrypoints.protocol import NOT_IMPLEMENTED_VALUE
-from shoal.engine.frontend.errors import RequestError
-from shoal.engine.mp_client import EngineDeadError
+from shoal.engine.errors import EngineDeadError, RequestError
 
 
 class ErrorDetail(BaseModel):

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from pydantic_core import PydanticCustomError
 from shoal.engine.entrypoints.structured_request import structured_outputs_of
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import SamplingParams
 
 # The error type of a no-op field sent with a value that would mean something; http_errors

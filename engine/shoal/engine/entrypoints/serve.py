@@ -1,7 +1,7 @@
 """`shoal serve MODEL`: the OpenAI-compatible server (vLLM's flag names).
 
 Processes: this one (the API server: uvicorn + FastAPI + AsyncLLM, the tokenizer, metrics) and
-one EngineCore process it starts (`python -m shoal.engine.engine_core_proc`), joined by ZeroMQ.
+one EngineCore process it starts (`python -m shoal.engine.core.engine_core_proc`), joined by ZeroMQ.
 
 Signals: the first SIGTERM/SIGINT stops admissions (503, /health 503) and forwards SIGTERM to the
 engine, which aborts (`--shutdown-timeout 0`) or drains (> 0) what is in flight; the server exits
@@ -193,15 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
             master_port=args.master_port)
     except ValueError as exc:  # errors.ConfigError: known at start-up, permanent
-        from shoal.engine.errors import ModelNotFoundError
         from shoal.contract.termination import Cause
+        from shoal.engine.errors import ModelNotFoundError
 
         return _config_error(str(exc), Cause.MODEL_NOT_FOUND
                              if isinstance(exc, ModelNotFoundError) else Cause.CONFIG_ERROR)
     if config.num_threads is None:
         import dataclasses
 
-        from shoal.engine.cpus import engine_threads
+        from shoal.engine.worker.cpu.cpus import engine_threads
 
         config = dataclasses.replace(config,
                                      num_threads=engine_threads(len(config.local_ranks())))
@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, _startup_signal)
+    from shoal.engine.errors import EngineDeadError, EngineStartupError
     from shoal.engine.frontend.async_llm import AsyncLLM
-    from shoal.engine.mp_client import EngineDeadError, EngineStartupError
 
     logger.info("starting engine for %s (loading tokenizer meanwhile)", args.model)
     # The HTTP stack imports while the engine loads its weights, not after.
@@ -255,7 +255,7 @@ def _import_http_stack() -> None:
 
 
 def _write_dead(exc) -> None:
-    from shoal.engine.engine_core_proc import write_dead_termination
+    from shoal.engine.core.engine_core_proc.death import write_dead_termination
 
     write_dead_termination(exc.dead)
 

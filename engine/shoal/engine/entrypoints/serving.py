@@ -17,8 +17,8 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from shoal.engine.entrypoints.http_errors import error_json
+from shoal.engine.errors import RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
-from shoal.engine.frontend.errors import RequestError
 from shoal.engine.frontend.logprobs import PositionLogprobs
 from shoal.engine.frontend.output_processor import RequestOutput
 from shoal.engine.wire import SamplingParams

@@ -11,7 +11,7 @@ from shoal.engine import __version__
 from shoal.engine.entrypoints.http_errors import TOKENIZER_ERRORS, error_response, error_responses
 from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
 from shoal.engine.entrypoints.serving import Serving
-from shoal.engine.frontend.errors import RETRY_AFTER_S, InvalidRequestError
+from shoal.engine.errors import RETRY_AFTER_S, InvalidRequestError
 
 
 def admin_router(s: Serving) -> APIRouter:

@@ -25,7 +25,7 @@ from shoal.engine.entrypoints.serving import (
 )
 from shoal.engine.entrypoints.tool_calls import ToolPlan, ToolSettings, plan_tools
 from shoal.engine.entrypoints.tool_parsers import ToolCallStream, calls_in, message_tool_calls
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.errors import InvalidRequestError
 
 logger = logging.getLogger("shoal.engine.api")
 

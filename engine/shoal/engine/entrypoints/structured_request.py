@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.errors import InvalidRequestError
 from shoal.engine.structured import spec
 from shoal.engine.wire import StructuredOutputs
 

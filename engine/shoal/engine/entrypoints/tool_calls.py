@@ -17,7 +17,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import StructuredOutputs
 
 TOOL_CALL_PARSERS = ("hermes",)

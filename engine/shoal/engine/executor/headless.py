@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 
+from shoal.contract.termination import Cause, write_termination_message
 from shoal.engine.config import EngineConfig
 from shoal.engine.executor import procs
 from shoal.engine.executor.broadcast import BroadcastHandle
@@ -35,7 +36,6 @@ from shoal.engine.executor.rank_wire import (
     StopNode,
 )
 from shoal.engine.executor.worker_proc import local_worker_specs
-from shoal.contract.termination import Cause, write_termination_message
 
 log = logging.getLogger("shoal.engine.headless")
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 import msgspec
-from shoal.engine.cpus import omp_wait_env
+from shoal.engine.worker.cpu.cpus import omp_wait_env
 
 PR_SET_PDEATHSIG = 1
 
@@ -42,7 +42,7 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def spawn_worker(spec: msgspec.Struct, env: dict[str, str] | None = None) -> subprocess.Popen:
-    # Before torch loads OpenMP in the child (cpus.py: when idle OpenMP threads sleep).
+    # Before torch loads OpenMP in the child (worker/cpu/cpus.py: when idle OpenMP threads sleep).
     child_env = {**os.environ, **omp_wait_env()[0], **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "shoal.engine.executor.worker_proc",

@@ -28,7 +28,6 @@ import traceback
 import msgspec
 import zmq
 from shoal.engine.core.sched_output import SchedulerOutput
-from shoal.engine.cpus import engine_threads
 from shoal.engine.executor import procs
 from shoal.engine.executor.broadcast import BroadcastHandle, StepReceiver
 from shoal.engine.executor.rank_wire import (
@@ -38,6 +37,7 @@ from shoal.engine.executor.rank_wire import (
     WorkerCall,
     WorkerReply,
 )
+from shoal.engine.worker.cpu.cpus import engine_threads
 
 log = logging.getLogger("shoal.engine.worker_proc")
 
@@ -99,7 +99,7 @@ def raised_in_collective(exc: BaseException) -> bool:
 
 
 def rank_failure(exc: BaseException, rank: int, node_rank: int, serving: bool) -> RankFailure:
-    from shoal.engine.errors import death_cause
+    from shoal.engine.core.engine_core_proc.death import death_cause
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RankFailure(rank=rank, node_rank=node_rank, process=f"Worker_rank{rank}",

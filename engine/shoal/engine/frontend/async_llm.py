@@ -2,7 +2,7 @@
 
 Owns the InputProcessor (tokenizer), the OutputProcessor (request states and collectors), the
 AsyncMPClient (sockets + the engine process) and ONE output-handler task that pulls each step's
-EngineCoreOutputs and fans it out to the collectors, yielding to the loop between chunks.
+StepOutput and fans it out to the collectors, yielding to the loop between chunks.
 
 `generate()` is an async generator of RequestOutput deltas. If its consumer goes away (client
 disconnect: the generator is closed or cancelled), the request is aborted here and in the engine,
@@ -17,7 +17,10 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from shoal.engine.frontend.errors import (
+from shoal.engine.core_client.async_client import AsyncMPClient
+from shoal.engine.errors import (
+    EngineDeadError,
+    EngineStoppedError,
     EngineUnavailableError,
     InvalidRequestError,
     RequestRejectedError,
@@ -25,7 +28,6 @@ from shoal.engine.frontend.errors import (
 from shoal.engine.frontend.input_processor import InputProcessor
 from shoal.engine.frontend.metrics import FrontendMetrics
 from shoal.engine.frontend.output_processor import OutputProcessor, RequestOutput
-from shoal.engine.mp_client import AsyncMPClient, EngineDeadError, EngineStoppedError
 from shoal.engine.wire import SamplingParams
 
 logger = logging.getLogger("shoal.engine.frontend")
@@ -35,7 +37,7 @@ OUTPUT_CHUNK_SIZE = 128
 
 
 def _load_tokenizer(model: str):
-    from shoal.engine.frontend.tokenizer import load_tokenizer
+    from shoal.engine.tokenizer import load_tokenizer
 
     return load_tokenizer(model)
 
@@ -179,23 +181,22 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                cols = await client.get_columnar_output_async()
-                outs = cols.outputs
-                if outs.scheduler_stats is not None:  # before outputs: a request may finish now
-                    op.record_first_scheduled(outs.scheduler_stats.first_scheduled)
-                for r in outs.rejected or ():
+                step = await client.get_output_async()
+                if step.scheduler_stats is not None:  # before outputs: a request may finish now
+                    op.record_first_scheduled(step.scheduler_stats.first_scheduled)
+                for r in step.rejected or ():
                     op.fail_request(r.request_id, RequestRejectedError(r.message, r.status))
-                to_abort = op.process_tokens(cols.token_request_ids, cols.token_ids)
+                to_abort = op.process_tokens(step.decode_req_ids, step.decode_token_ids)
                 if to_abort:
                     await client.abort_requests_async(to_abort)
-                items = outs.outputs
+                items = step.outputs
                 for start in range(0, len(items), OUTPUT_CHUNK_SIZE):
                     to_abort = op.process_outputs(items[start:start + OUTPUT_CHUNK_SIZE])
                     if to_abort:
                         await client.abort_requests_async(to_abort)
                     if start + OUTPUT_CHUNK_SIZE < len(items):
                         await asyncio.sleep(0)
-                metrics.record_step(outs.scheduler_stats, loop.time())
+                metrics.record_step(step.scheduler_stats, loop.time())
                 metrics.record_iteration(*op.take_step_tokens())
         except EngineDeadError as err:
             self.dead_error = err

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from shoal.engine.frontend.errors import InvalidRequestError
+from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import EngineCoreRequest, SamplingParams
 
 

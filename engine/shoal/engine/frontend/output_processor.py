@@ -1,4 +1,5 @@
-"""OutputProcessor: EngineCoreOutputs -> per-request RequestOutputs in one-slot collectors.
+"""OutputProcessor: a step's outputs (StepOutput) -> per-request RequestOutputs in one-slot
+collectors.
 
 Every request exists twice: here (RequestState) and in the engine's scheduler. This side owns
 the text: incremental detokenization and stop strings are done here, and a stop string turns

@@ -67,7 +67,7 @@ class StructuredOutputManager:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 import llguidance
-                from shoal.engine.frontend.tokenizer import FastTokenizer
+                from shoal.engine.tokenizer import FastTokenizer
 
                 tok = FastTokenizer(self.model_dir)
                 self._tokenizer = llguidance.LLTokenizer(

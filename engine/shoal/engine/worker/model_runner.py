@@ -15,17 +15,8 @@ from shoal.engine import wire
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
-from shoal.engine.worker import (
-    cpu_fused,
-    cpu_kernel,
-    cpu_linear,
-    logprobs,
-    model_check,
-    paged_attention,
-    tensor_parallel,
-)
-from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
-from shoal.engine.worker.cpu_linear import cpu_has_native_bf16
+from shoal.engine.worker import logprobs, model_check, paged_attention, tensor_parallel
+from shoal.engine.worker.cpu.backend import CpuBackend, cpu_has_native_bf16
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.kv_memory import KvArena
 from shoal.engine.worker.paged_attention import PagedAttentionMetadata, PrefillChunk
@@ -74,9 +65,7 @@ class ModelRunner:
         self.kv_arena: KvArena | None = None  # the CPU cache's memory (kv_memory.py)
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.decode_kernel: PagedDecodeKernel | None = None
-        self.packed_linears = 0  # layers on oneDNN's packed linear (cpu_linear.py)
-        self.fused = cpu_fused.Fused()  # norms, MLPs and RoPE on fused CPU ops (cpu_fused.py)
+        self.cpu: CpuBackend | None = None  # the CPU backend's hook (worker/cpu/), at load
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
         # gathered so far, as (first position, rows) per chunk. Empty: no extra work per step.
@@ -113,40 +102,20 @@ class ModelRunner:
         if self.world_size > 1:  # on the host, so the device only ever holds this rank's share
             tensor_parallel.shard_model(model, self.rank, self.world_size, name)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu" and self.dtype in cpu_fused.DTYPES:  # float32, bfloat16
-            self.packed_linears, how = cpu_linear.pack_linears(self.model)
-            log.info("linear layers: %s", how)
-            self.fused = cpu_fused.fuse(self.model)
-            log.info("norms and activations: %s", self.fused.how)
+        self.cpu = CpuBackend(self.device, self.dtype)
+        self.cpu.prepare(self.model)
         # The cache's geometry is what the layers really produce (this rank's heads under TP).
-        with cpu_fused.active(self.fused.ops):
+        with self.cpu.active():
             layout = model_check.probe_model(self.model, text_cfg, self.device, name)
-        if self.fused.ops is not None:
-            log.info("rotary embedding: %s", cpu_fused.describe_rope(self.fused.rope))
+        self.cpu.probed()
         self.num_layers, self.num_kv_heads = layout.num_layers, layout.num_kv_heads
         self.head_dim = layout.head_dim
         self.vocab_size = text_cfg.vocab_size
         log.info("loaded %s (%s, %s) on %s, tensor-parallel rank %d of %d: %s", self.config.model,
                  model_cls.__name__, self.dtype, self.device, self.rank, self.world_size,
                  layout.describe())
-        num_heads = layout.num_heads
-        self._load_decode_kernel(num_heads)
-
-    def _load_decode_kernel(self, num_heads: int) -> None:
-        """The CPU paged-decode kernel where it applies; the torch path otherwise (logged)."""
-        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
-            return
-        unfit = cpu_kernel.fits(self.head_dim, self.block_size, num_heads, self.num_kv_heads)
-        if unfit:
-            log.info("decode attention: torch gather + SDPA (outside the CPU kernel's limits: %s)",
-                     unfit)
-            return
-        self.decode_kernel, how = cpu_kernel.load()
-        if self.decode_kernel is None:
-            log.warning("decode attention: torch gather + SDPA; the CPU paged-decode kernel is "
-                        "unavailable: %s", how)
-        else:
-            log.info("decode attention: CPU paged-decode kernel (%s)", how)
+        self.cpu.load_decode_kernel(self.head_dim, self.block_size, layout.num_heads,
+                                    self.num_kv_heads)
 
     def kv_bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
@@ -212,8 +181,8 @@ class ModelRunner:
             offset += n
         meta = PagedAttentionMetadata(slots, decode_idx, decode_table, ctx, all_decode,
                                       prefills, self.kv_caches)
-        if self.decode_kernel is not None:
-            meta.decode_kernel = self.decode_kernel
+        if self.cpu.decode_kernel is not None:
+            meta.decode_kernel = self.cpu.decode_kernel
         elif decode_table is not None:
             meta.gather_buffers = self._gather_buffers(decode_table.numel())
         return meta, positions
@@ -245,7 +214,7 @@ class ModelRunner:
         if prompt_rows:  # prompt positions whose logits the asking requests need, after those
             extra = [torch.arange(o, o + n) for _, _, o, n in prompt_rows]
             keep = torch.cat([keep, torch.cat(extra).to(self.device)])
-        with cpu_fused.active(self.fused.ops):
+        with self.cpu.active():
             out = self.model(input_ids=input_ids[None], position_ids=positions[None],
                              logits_to_keep=keep, shoal_attn=meta, use_cache=False)
         result = ModelRunnerOutput()
@@ -264,8 +233,7 @@ class ModelRunner:
         # has logprob -inf).
         raw = logprobs.raw_logprobs(logits[want]) if want and self.rank == 0 else None
         sampling = build_sampling_metadata(states, self.vocab_size, self.device)
-        tokens_t = sample(logits, sampling, self.generator,
-                          self.fused.ops.argmax if self.fused.ops is not None else None)
+        tokens_t = sample(logits, sampling, self.generator, self.cpu.argmax)
         tokens = tokens_t.tolist()
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token)

@@ -3,14 +3,14 @@
 transformers' attention layers call `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`
 with (module, query, key, value, mask, scaling, **kwargs). We register "shoal_paged" there and
 select it on the loaded model, so the model classes stay transformers' own: projections, RoPE,
-norms and MLPs are theirs (on the CPU, cpu_linear.py and cpu_fused.py run checked equivalents);
+norms and MLPs are theirs (on the CPU, cpu/linear.py and cpu/fused.py run checked equivalents);
 only "where K/V live and which keys each query sees" is ours.
 
 The batch is packed: one sequence of shape [1, T] holding every scheduled token of every
 request, with per-token positions. Per-step metadata (`PagedAttentionMetadata`, built once and
 passed to every layer as the `shoal_attn` keyword) says where each token's K/V goes in the paged
 cache (slot mapping) and which cached keys each query attends to (block tables):
-- decode rows (one new token) go to the CPU paged-decode kernel (cpu_kernel.py) where it is
+- decode rows (one new token) go to the CPU paged-decode kernel (cpu/decode_kernel.py) where it is
   loaded: it reads K/V straight from the blocks. Otherwise they are attended in cache-sized
   groups, gathered, padded to the longest context and masked;
 - prefill chunks (several new tokens) are attended one request at a time; a chunk with no
@@ -30,11 +30,14 @@ at start-up, not answered wrongly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from shoal.engine.worker.cpu_kernel import PagedDecodeKernel
 from transformers import AttentionInterface
+
+if TYPE_CHECKING:
+    from shoal.engine.worker.cpu.decode_kernel import PagedDecodeKernel
 
 ATTN_IMPLEMENTATION = "shoal_paged"
 # Keywords transformers' layers pass that this function implements.

@@ -62,7 +62,7 @@ class RowParallelLinear(nn.Module):
     """y = all_reduce(x_local @ W_local^T) + b: the bias is added once, after the reduce.
 
     The local matmul is a plain bias-free nn.Linear (`local`), so whatever runs the model's other
-    linear layers (cpu_linear.py's packed path) runs this one too."""
+    linear layers (cpu/linear.py's packed path) runs this one too."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()

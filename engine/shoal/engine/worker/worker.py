@@ -12,7 +12,7 @@ import os
 import torch
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from shoal.engine.cpus import usable_cpus
+from shoal.engine.worker.cpu.cpus import usable_cpus
 from shoal.engine.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""The frontend's tokenizer, straight from `tokenizer.json` with the `tokenizers` library.
+"""The model's tokenizer, straight from `tokenizer.json` with the `tokenizers` library.
+
+Here, beside the wire, because both processes use it: the frontend tokenizes prompts and
+detokenizes outputs; the engine core builds structured output's grammar tokenizer from it
+(structured/manager.py). Neither imports the other's half for it.
 
 Why not transformers' AutoTokenizer: importing it pulls in torch, which costs the frontend
 process ~350 MiB and, on a small machine, tens of seconds of start-up that compete for the CPU

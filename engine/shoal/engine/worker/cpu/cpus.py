@@ -11,7 +11,7 @@ small ops kept waiting for the thread the API server interrupted), but the small
 slower (876 against 1,273), and a compute-bound model is what a CPU engine is sized for.
 
 OpenMP's wait policy (`omp_wait_env`): the kernels and torch's ops share one OpenMP team
-(worker/c_build.py), whose idle threads by libgomp's default spin a while between ops. On cores
+(worker/cpu/c_build.py), whose idle threads by libgomp's default spin a while between ops. On cores
 of its own that is worth 11-12% served (an idle op's wake-up costs 40-60 us here), but two engines
 spinning on shared cores starve each other: two `shoal serve` on 2 cores, two streams of 1,000
 tokens each, finished in 20.8 s spinning against 3.6 s with sleeping threads (10,000 spins:

@@ -1,7 +1,7 @@
 """Fused norms, gated-MLP activations and rotary embeddings on the CPU (float32 and bfloat16),
 swapped in at load wherever a probe shows they compute what the model's own code computes.
 
-Why: after the linear layers (cpu_linear.py), a prefill step's largest cost was torch's eager
+Why: after the linear layers (linear.py), a prefill step's largest cost was torch's eager
 elementwise ops, each writing a fresh [tokens, width] tensor: an RMSNorm is five of them (pow,
 mean, add, rsqrt, two muls), RoPE six per q and k (two muls, a neg, a cat, a mul, an add), a
 SiLU-gated MLP two more around its projections.
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from shoal.engine.worker import c_build
+from shoal.engine.worker.cpu import c_build
 from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from torch import nn
 

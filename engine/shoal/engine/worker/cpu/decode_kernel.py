@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import torch
-from shoal.engine.worker import c_build
+from shoal.engine.worker.cpu import c_build
 
 log = logging.getLogger(__name__)
 
