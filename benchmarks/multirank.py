@@ -141,8 +141,9 @@ def throughput(args) -> None:
           "| all-reduce per decode step |")
     print("|---|---|---|---|---|---|---|")
     for name, startup, r, share in rows:
-        print(f"| {name} | {startup:.1f} | {r['output_tok_per_s']:.0f} | {r['itl_median_ms']:.0f} | "
-              f"{r['itl_p99_ms']:.0f} | {r['ttft_median_ms']:.0f} | {share or '-'} |")
+        print(f"| {name} | {startup:.1f} | {r['output_tok_per_s']:.0f} | "
+              f"{r['itl_median_ms']:.0f} | {r['itl_p99_ms']:.0f} | {r['ttft_median_ms']:.0f} | "
+              f"{share or '-'} |")
 
 
 class _Streams:

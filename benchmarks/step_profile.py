@@ -158,7 +158,8 @@ def main() -> None:
     other = per["step"] - sum(per.get(k, 0.0) for k in named)
     print(cpu_flags())
     print(OMP_WHY)
-    print(f"model shoal-{args.model}, dtype {runner_dtype(core)}, {args.num_requests} requests x {args.input_len} prompt tokens, {args.steps} decode"
+    print(f"model shoal-{args.model}, dtype {runner_dtype(core)}, {args.num_requests} requests "
+          f"x {args.input_len} prompt tokens, {args.steps} decode"
           f" steps, torch threads {torch.get_num_threads()}")
     print(f"prefill: {prefill_steps} steps of up to {config.max_num_batched_tokens} tokens, "
           f"{t_prefill:.2f} s = {args.num_requests * args.input_len / t_prefill:,.0f} prompt "

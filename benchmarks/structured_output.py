@@ -53,8 +53,8 @@ def run(llm, prompts, out_len: int, constrained_every: int | None) -> tuple[Cloc
 
     so = StructuredOutputs("json", json.dumps(SCHEMA))
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=out_len, ignore_eos=True,
-                             structured_outputs=so if constrained_every and i % constrained_every == 0
-                             else None)
+                             structured_outputs=(so if constrained_every
+                                                 and i % constrained_every == 0 else None))
               for i in range(len(prompts))]
     with Clock() as clock:
         outs = llm.generate(prompts, params)

@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{(s_tok / s_clock.cpu) / (h_tok / h_clock.cpu):.2f}x"]
         rows.append(row)
         print(f"# {size}: done", file=sys.stderr, flush=True)
-    header = ["model", "output tokens", "shoal preemptions", "shoal s", "shoal tok/s", "shoal tok/cpu-s",
-              "hf s", f"hf tok/s (batch {args.hf_batch})", "hf tok/cpu-s", "ratio (wall)",
-              "ratio (cpu)"]
+    header = ["model", "output tokens", "shoal preemptions", "shoal s", "shoal tok/s",
+              "shoal tok/cpu-s", "hf s", f"hf tok/s (batch {args.hf_batch})", "hf tok/cpu-s",
+              "ratio (wall)", "ratio (cpu)"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"workload: {args.num_prompts} prompts x {args.prompt_len} random tokens -> "
           f"{args.output_len} tokens, greedy, ignore_eos; {args.dtype}; torch threads "

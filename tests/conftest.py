@@ -2,7 +2,8 @@
 
 Fixtures shared by every area come from tests/support (importable as `support`, pytest's
 `pythonpath`):
-- support.models: the project's own small models, built once per cache (`tiny_model`, `small_model`).
+- support.models: the project's own small models, built once per cache (`tiny_model`,
+  `small_model`).
 - support.controlplane: a real kube-apiserver + etcd + controller-manager, built once per cache
   and started once per session (`control_plane`).
 

@@ -118,8 +118,8 @@ def test_kill9_engine_core_is_named_restarted_and_serving_resumes(cluster, serve
     old_uid = cluster.get("pod", pod, "-n", ns)["metadata"]["uid"]
     restarts_before = status(cluster, ns, NAME).get("restartCount", 0)
     kill = ("import os, signal\n"
-            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid() and b'engine_core_proc'"
-            " in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()"
+            " and b'engine_core_proc' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
             "assert pids, 'no EngineCore process'\n"
             "[os.kill(p, signal.SIGKILL) for p in pids]\nprint(pids)\n")
     cluster.kubectl("exec", "-n", ns, pod, "-c", "engine", "--", "python3", "-c", kill)

@@ -99,7 +99,8 @@ def test_scale_down_drains_then_delete_drains(cluster, new_ns):
            metadata_writes=w["metadata"])
     # One drain per group, each reported once, on scale-down and on delete alike.
     assert len(events(cluster, ns, "DrainStarted", name)) == 2
-    assert len(events(cluster, ns, "DrainFinished", name)) == 2, events(cluster, ns, "DrainFinished")
+    assert len(events(cluster, ns, "DrainFinished", name)) == 2, \
+        events(cluster, ns, "DrainFinished")
     assert not events(cluster, ns, "DrainOverdue", name)
     # Status: Terminating, rank 0 stopping, rank 0 finished, the group gone (a few more as the
     # kubelet reports the pod); metadata: kopf's finalizer and its bookkeeping, however long the

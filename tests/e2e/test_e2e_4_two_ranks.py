@@ -64,7 +64,8 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
     restart_log = WatchLog.pods(cluster.api_client(), ns, "shoal.dev/engine=tp2").start()
     kill = ("import os, signal\n"
             "[os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and "
-            "int(p) not in (1, os.getpid()) and b'serve' in open(f'/proc/{p}/cmdline', 'rb').read()]\n")
+            "int(p) not in (1, os.getpid()) and b'serve' in "
+            "open(f'/proc/{p}/cmdline', 'rb').read()]\n")
     cluster.kubectl("exec", "-n", ns, "tp2-g0-r1", "-c", "engine", "--", "python3", "-c", kill,
                     check=False)
     t_kill = time.monotonic()
@@ -90,8 +91,10 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
         old_gone = next(e.at for e in old if e.type == "DELETED")
         ended = any(_engine_terminated(e.obj) for e in old)
         graceful = any((e.obj["metadata"].get("deletionGracePeriodSeconds") or 0) > 0 for e in old)
-        new_added = next(e.at for e in evs if e.type == "ADDED" and e.obj["metadata"]["uid"] != uids[rank])
-        assert ended or graceful, (rank, [(e.type, e.obj["metadata"].get("deletionGracePeriodSeconds"))
+        new_added = next(e.at for e in evs
+                         if e.type == "ADDED" and e.obj["metadata"]["uid"] != uids[rank])
+        assert ended or graceful, (rank, [(e.type,
+                                           e.obj["metadata"].get("deletionGracePeriodSeconds"))
                                           for e in old])
         assert old_gone <= new_added, (rank, old_gone, new_added)
     st = wait_ready(cluster, ns, "tp2", "1/1")
@@ -119,6 +122,7 @@ def test_two_ranks_on_two_nodes_match_one_rank_and_restart_together(cluster, new
     r1_asked = first("1", lambda p: p["metadata"].get("deletionTimestamp"))
     assert r0_ended is not None and r1_asked is not None, [(e.type, e.obj["metadata"]["name"])
                                                            for e in log.events]
-    assert r1_asked >= r0_ended, f"rank 1 was stopped {r0_ended - r1_asked:.1f}s before rank 0 ended"
+    assert r1_asked >= r0_ended, \
+        f"rank 1 was stopped {r0_ended - r1_asked:.1f}s before rank 0 ended"
     assert len(events(cluster, ns, "DrainStarted", "tp2")) == 1
     assert len(events(cluster, ns, "DrainFinished", "tp2")) == 1

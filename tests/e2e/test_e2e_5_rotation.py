@@ -53,7 +53,8 @@ def test_a_dead_group_leaves_rotation_and_comes_back(cluster, new_ns):
     load.start()
     try:
         wait_for(lambda: len(load.results) >= 10, timeout=60, what="requests flowing")
-        cluster.kubectl("exec", "-n", ns, f"{name}-g0-r0", "-c", "engine", "--", "python3", "-c", KILL)
+        cluster.kubectl("exec", "-n", ns, f"{name}-g0-r0", "-c", "engine", "--", "python3", "-c",
+                        KILL)
         t_kill = time.monotonic()
         # Group 0 is recreated after its backoff and becomes Ready again.
         wait_for(lambda: status(cluster, ns, name).get("restartCount", 0) >= 1, timeout=60,
@@ -71,9 +72,11 @@ def test_a_dead_group_leaves_rotation_and_comes_back(cluster, new_ns):
     after_kill = [(t, ok) for t, ok in load.results if t >= t_kill]
     failed = [t - t_kill for t, ok in after_kill if not ok]
     healthy_rotation = max(failed, default=0.0)
-    record("kill_to_healthy_rotation", healthy_rotation, failed=len(failed), requests=len(after_kill))
+    record("kill_to_healthy_rotation", healthy_rotation, failed=len(failed),
+           requests=len(after_kill))
     record("ready_to_back_in_rotation", back_in_rotation)
     assert len(after_kill) >= 10, "too few requests during the outage to say anything"
-    assert len(failed) <= 1, f"{len(failed)} of {len(after_kill)} requests failed after the kill: {failed}"
+    assert len(failed) <= 1, \
+        f"{len(failed)} of {len(after_kill)} requests failed after the kill: {failed}"
     assert healthy_rotation <= 10, f"requests still failed {healthy_rotation:.1f}s after the kill"
     assert back_in_rotation <= 15, f"group 0 took {back_in_rotation:.0f}s to get requests again"

@@ -118,7 +118,8 @@ def _logical_lines(text: str):
 
 
 def substitute(text: str, env: dict[str, str]) -> str:
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), text)
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                  lambda m: env.get(m.group(1) or m.group(2), m.group(0)), text)
 
 
 def parse(path: Path) -> Dockerfile:

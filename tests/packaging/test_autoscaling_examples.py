@@ -57,8 +57,10 @@ def _crd() -> dict:
 def _scale_target_ok(ref: dict) -> None:
     crd = _crd()
     served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == ref["apiVersion"].split("/")[1]]
-    assert ref["apiVersion"] == f"{crd['spec']['group']}/{version['name']}" and version["name"] in served
+    (version,) = [v for v in crd["spec"]["versions"]
+                  if v["name"] == ref["apiVersion"].split("/")[1]]
+    assert (ref["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
+            and version["name"] in served)
     assert ref["kind"] == crd["spec"]["names"]["kind"]
     scale = version["subresources"]["scale"]
     assert scale["specReplicasPath"] == ".spec.replicas" and scale["labelSelectorPath"]

@@ -40,7 +40,8 @@ def component(obj: dict) -> str | None:
 
 def by_kind(objs: list[dict], kind: str, part: str = "operator") -> list[dict]:
     """Objects of `kind` of the operator (default) or of the gateway (test_gateway_chart.py)."""
-    return [o for o in objs if o["kind"] == kind and (component(o) == "gateway") == (part == "gateway")]
+    return [o for o in objs
+            if o["kind"] == kind and (component(o) == "gateway") == (part == "gateway")]
 
 
 def the(objs: list[dict], kind: str, part: str = "operator") -> dict:
@@ -138,12 +139,15 @@ def operator_rules(namespaced: bool = False) -> list[dict]:
 def expected_chart_rules() -> str:
     """The _rules.tpl body to paste when RULES changed (printed by the failing test)."""
     rules = operator_rules()
-    cluster = [r for r in rules if all((g, res.split("/")[0]) in CLUSTER_SCOPED for g in r["apiGroups"] for res in r["resources"])]
+    cluster = [r for r in rules
+               if all((g, res.split("/")[0]) in CLUSTER_SCOPED
+                      for g in r["apiGroups"] for res in r["resources"])]
     ns = [r for r in rules if r not in cluster]
     dump = lambda rs: yaml.safe_dump(rs, sort_keys=False, default_flow_style=None).strip()  # noqa: E731
     from shoal.operator.rbac import NAMESPACE_RULES
 
-    return (f"shoal.rules.namespaced:\n{dump(ns)}\nshoal.rules.cluster:\n{dump(cluster) if cluster else '[]'}\n"
+    return (f"shoal.rules.namespaced:\n{dump(ns)}\n"
+            f"shoal.rules.cluster:\n{dump(cluster) if cluster else '[]'}\n"
             f"shoal.rules.namespaceObserver:\n{dump(NAMESPACE_RULES)}")
 
 
@@ -187,9 +191,11 @@ def test_namespaced_mode_uses_a_role_in_each_watched_namespace(helm_template):
     assert granted == triples(operator_rules(namespaced=True))
     # Namespaced rules are granted per namespace only, never through the ClusterRole.
     namespaced_part = set().union(*(triples(r["rules"]) for r in roles))
-    assert namespaced_part == {t for t in triples(operator_rules()) if (t[0], t[1].split("/")[0]) not in CLUSTER_SCOPED}
+    assert namespaced_part == {t for t in triples(operator_rules())
+                               if (t[0], t[1].split("/")[0]) not in CLUSTER_SCOPED}
     args = the(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={n}" for n in watched]
+    assert ([a for a in args if a.startswith("--namespace=")]
+            == [f"--namespace={n}" for n in watched])
     assert "--all-namespaces" not in args
 
 
@@ -229,9 +235,12 @@ def test_chart_crds_are_the_generated_crds(helm_template):
 
     generated = crd.render_yaml()
     name = f"{crd.CRD_NAME}.yaml"
-    assert (REPO / "crds" / name).read_text() == generated, "run python -m shoal.operator.crd --write"
-    assert (CHART / "crds" / name).read_text() == generated, "run python -m shoal.operator.crd --write"
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
+    assert (REPO / "crds" / name).read_text() == generated, \
+        "run python -m shoal.operator.crd --write"
+    assert (CHART / "crds" / name).read_text() == generated, \
+        "run python -m shoal.operator.crd --write"
+    assert (sorted(p.name for p in (CHART / "crds").iterdir())
+            == sorted(p.name for p in (REPO / "crds").iterdir()))
     shipped = by_kind(helm_template("--include-crds"), "CustomResourceDefinition")
     assert shipped == [crd.crd()]
 
@@ -239,10 +248,12 @@ def test_chart_crds_are_the_generated_crds(helm_template):
 def test_chart_readme_documents_every_value():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     readme = (CHART / "README.md").read_text()
-    table = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
+    table = {line.split("|")[1].strip().strip("`") for line in readme.splitlines()
+             if line.startswith("| `")}
     keys = set()
     for k, v in values.items():
-        nested = isinstance(v, dict) and v and k not in ("resources", "podSecurityContext", "securityContext")
+        nested = isinstance(v, dict) and v and k not in ("resources", "podSecurityContext",
+                                                         "securityContext")
         keys |= {f"{k}.{sub}" for sub in v} if nested else {k}
     assert keys <= table, f"undocumented in charts/shoal/README.md: {sorted(keys - table)}"
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -254,6 +265,7 @@ def test_packaged_chart_renders_like_the_source(k8s_tools, helm_template, tmp_pa
     proc = run([k8s_tools.helm, "package", CHART, "--destination", tmp_path])
     assert proc.returncode == 0, proc.stderr
     (tgz,) = tmp_path.glob("shoal-*.tgz")
-    out = run([k8s_tools.helm, "template", "shoal", tgz, "--namespace", "shoal-system", "--include-crds"])
+    out = run([k8s_tools.helm, "template", "shoal", tgz, "--namespace", "shoal-system",
+               "--include-crds"])
     assert out.returncode == 0, out.stderr
     assert [d for d in yaml.safe_load_all(out.stdout) if d] == helm_template("--include-crds")

@@ -61,11 +61,14 @@ def test_target_runs_its_command_under_tini(path, name):
         f"{path}:{entry.line}: ENTRYPOINT must be exec form, or a shell is PID 1 and eats signals"
     )
     argv = entry.args()
-    assert argv[0] in ("tini", "/usr/bin/tini", "/sbin/tini"), f"{path}:{entry.line}: PID 1 is {argv[0]}"
+    assert argv[0] in ("tini", "/usr/bin/tini", "/sbin/tini"), (
+        f"{path}:{entry.line}: PID 1 is {argv[0]}"
+    )
     assert "--" in argv and argv[argv.index("--") + 1] in ("shoal", "shoal-operator")
     assert "-g" in argv, "tini -g: SIGTERM must reach the engine's whole process group"
     # tini itself must be installed in the stage chain.
-    installs = " ".join(i.value for s in df.chain(stage) for i in s.instructions if i.keyword == "RUN")
+    installs = " ".join(i.value for s in df.chain(stage) for i in s.instructions
+                        if i.keyword == "RUN")
     assert re.search(r"install\b.*\btini\b", installs), f"{path}: tini is never installed"
 
 
@@ -145,7 +148,8 @@ def test_the_engine_image_pins_torch():
 def test_reader_sees_a_root_user_and_a_missing_copy_source(tmp_path):
     """The checks above can fail: a Dockerfile that runs as root and copies a missing file."""
     bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM python:3.11.7-slim AS app\nCOPY no-such-file /x\nUSER root\nENTRYPOINT shoal\n")
+    bad.write_text("FROM python:3.11.7-slim AS app\nCOPY no-such-file /x\nUSER root\n"
+                   "ENTRYPOINT shoal\n")
     df = parse(bad)
     app = df.stage("app")
     assert df.inherited(app, "USER").value == "root"

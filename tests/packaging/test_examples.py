@@ -42,8 +42,8 @@ def with_defaults(obj, schema: dict):
 def stored(obj: dict, namespace: str = "default") -> dict:
     """The object as the operator receives it: defaulted, with a namespace and a uid."""
     body = with_defaults(obj, crd_schema())
-    body["metadata"] = {**body["metadata"], "namespace": namespace, "uid": "6f1c1a52-0000-4000-8000-000000000001",
-                        "generation": 1}
+    body["metadata"] = {**body["metadata"], "namespace": namespace,
+                        "uid": "6f1c1a52-0000-4000-8000-000000000001", "generation": 1}
     return body
 
 
@@ -94,7 +94,8 @@ def test_the_crd_schema_rejects_out_of_bound_and_mistyped_fields():
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_built_in_objects_in_examples_are_valid_kubernetes(path):
-    objs = [o for o in load_all(path) if "apiVersion" in o and not o["apiVersion"].startswith("shoal.dev/")]
+    objs = [o for o in load_all(path)
+            if "apiVersion" in o and not o["apiVersion"].startswith("shoal.dev/")]
     errors = [line for o in objs for line in problems(o, f"{path.name}: {o['kind']}")]
     assert not errors, "\n".join(errors)
 

@@ -61,7 +61,8 @@ def cli(k8s_tools, control_plane, tmp_path_factory):
 
 
 def _triples(rules):
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,8 @@ def test_helm_install_is_accepted_by_the_api_server(cli, release):
     binding = cli.of_release("clusterrolebinding", name)
     sa = cli.of_release("serviceaccount", name, "-n", ns)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": ns}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": ns}]
     dep = cli.of_release("deployment", name, "-n", ns)
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     pod = dep["spec"]["template"]["spec"]
@@ -128,7 +130,8 @@ def test_namespaced_install_creates_a_role_in_each_watched_namespace(cli, contro
         assert granted == _triples(RULES + NAMESPACE_RULES)
         dep = cli.of_release("deployment", ns, "-n", ns)
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={w}" for w in watched]
+        assert ([a for a in args if a.startswith("--namespace=")]
+                == [f"--namespace={w}" for w in watched])
     finally:
         cli.helm("uninstall", ns, "--namespace", ns)
         for n in [ns, *watched]:
@@ -147,7 +150,8 @@ def test_example_inferenceengine_passes_api_validation(cli, release, control_pla
         assert stored["spec"]["shutdown"]["timeoutSeconds"] == 30
         table = cli.kubectl("get", "ie", "-n", ns)
         assert table.returncode == 0, table.stderr
-        assert table.stdout.split("\n")[0].split() == ["NAME", "READY", "PHASE", "MODEL", "ENDPOINT", "AGE"]
+        assert table.stdout.split("\n")[0].split() == ["NAME", "READY", "PHASE", "MODEL",
+                                                       "ENDPOINT", "AGE"]
         # Every other example passes too (server-side dry run: validated, not stored).
         for path in example_engines():
             proc = cli.kubectl("apply", "--dry-run=server", "-n", ns, "-f", path)
@@ -162,8 +166,10 @@ def test_broken_inferenceengine_is_rejected_with_a_clear_message(cli, release, c
         proc = cli.kubectl("apply", "-n", ns, "-f", DATA / "broken-inferenceengine.yaml")
         assert proc.returncode != 0
         assert 'The InferenceEngine "broken" is invalid' in proc.stderr
-        assert "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0" in proc.stderr
+        assert ("spec.replicas: Invalid value: -1: spec.replicas in body should be greater than "
+                "or equal to 0") in proc.stderr
         (broken,) = load_all(DATA / "broken-inferenceengine.yaml")
-        assert cli.kubectl("get", "ie", broken["metadata"]["name"], "-n", ns).returncode != 0, "nothing stored"
+        assert cli.kubectl("get", "ie", broken["metadata"]["name"], "-n", ns).returncode != 0, \
+            "nothing stored"
     finally:
         cli.kubectl("delete", "namespace", ns, "--wait=false")

@@ -30,4 +30,5 @@ def test_make_model_files_are_world_readable(tmp_path: Path) -> None:
         need = stat.S_IROTH | (stat.S_IXOTH if path.is_dir() else 0)
         if mode & need != need:
             private.append(f"{path.relative_to(tmp_path)} {stat.filemode(mode)}")
-    assert not private, "not readable by other users (the engine image's uid 10001):\n" + "\n".join(private)
+    assert not private, ("not readable by other users (the engine image's uid 10001):\n"
+                         + "\n".join(private))

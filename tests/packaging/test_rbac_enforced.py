@@ -68,17 +68,20 @@ def rbac_plane(tmp_path_factory, control_plane):
 class Env:
     def __init__(self, cp, tools, home: Path):
         self.cp, self.tools, self.home = cp, tools, home
-        self.env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "HELM_CONFIG_HOME": str(home / "hc"),
-                    "HELM_CACHE_HOME": str(home / "hk"), "HELM_DATA_HOME": str(home / "hd")}
+        self.env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+                    "HELM_CONFIG_HOME": str(home / "hc"), "HELM_CACHE_HOME": str(home / "hk"),
+                    "HELM_DATA_HOME": str(home / "hd")}
 
     def helm(self, *args):
         proc = run([self.tools.helm, *args], env=self.env)
-        assert proc.returncode == 0, f"helm {' '.join(map(str, args))}:\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, \
+            f"helm {' '.join(map(str, args))}:\n{proc.stdout}\n{proc.stderr}"
         return proc
 
     def kubectl(self, *args, check=True):
         proc = run([self.tools.kubectl, "--cache-dir", self.home / "kc", *args], env=self.env)
-        assert not check or proc.returncode == 0, f"kubectl {' '.join(map(str, args))}: {proc.stderr}"
+        assert not check or proc.returncode == 0, \
+            f"kubectl {' '.join(map(str, args))}: {proc.stderr}"
         return proc
 
     def get(self, *args):
@@ -106,16 +109,18 @@ class Operator:
         container = dep["spec"]["template"]["spec"]["containers"][0]
         port = cpmod.free_port()
         self.health = f"http://127.0.0.1:{port}/healthz"
-        self.args = [a if not a.startswith("--liveness=") else f"--liveness={self.health}" for a in container["args"]]
+        self.args = [a if not a.startswith("--liveness=") else f"--liveness={self.health}"
+                     for a in container["args"]]
         self.log = env.home / f"operator-{release_ns}.log"
         exe = Path(sys.executable).with_name("shoal-operator")
         child_env = {**os.environ, "KUBECONFIG": str(env.sa_kubeconfig(release_ns))}
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([exe, *self.args], env=child_env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([exe, *self.args], env=child_env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive_and_healthy(self) -> bool:
-        assert self.proc.poll() is None, f"shoal-operator exited {self.proc.returncode}:\n{self.tail()}"
+        assert self.proc.poll() is None, \
+            f"shoal-operator exited {self.proc.returncode}:\n{self.tail()}"
         try:
             with urllib.request.urlopen(self.health, timeout=1) as r:
                 return r.status == 200
@@ -127,7 +132,8 @@ class Operator:
 
     def forbidden(self) -> list[str]:
         denied = re.compile(r"forbidden|status=403|'code': 403", re.IGNORECASE)
-        return [line for line in self.log.read_text(errors="replace").splitlines() if denied.search(line)]
+        return [line for line in self.log.read_text(errors="replace").splitlines()
+                if denied.search(line)]
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -145,8 +151,9 @@ def reconciled(env: Env, ns: str, name: str):
     ie = env.get("ie", name, "-n", ns)
     if not ie or not (ie.get("status") or {}).get("phase"):
         return None
-    for kind, obj in [("deployment", f"{name}-frontend"), ("service", name), ("service", f"{name}-ranks"),
-                      ("configmap", f"{name}-engines"), ("pod", f"{name}-g0-r0")]:
+    for kind, obj in [("deployment", f"{name}-frontend"), ("service", name),
+                      ("service", f"{name}-ranks"), ("configmap", f"{name}-engines"),
+                      ("pod", f"{name}-g0-r0")]:
         if env.get(kind, obj, "-n", ns) is None:
             return None
     return ie
@@ -158,16 +165,18 @@ def run_operator_against(env: Env, release_ns: str, watched: str, unwatched: str
         env.kubectl("apply", "-n", unwatched, "-f", EXAMPLES / "cpu-single.yaml")
     op = Operator(env, release_ns)
     try:
-        wait_for(op.alive_and_healthy, timeout=60, interval=0.2, what="the operator's liveness endpoint")
+        wait_for(op.alive_and_healthy, timeout=60, interval=0.2,
+                 what="the operator's liveness endpoint")
         ie = wait_for(lambda: reconciled(env, watched, "shoal-tiny"), timeout=90, interval=0.5,
-                      what=f"the operator to create every child of {watched}/shoal-tiny and write status")
+                      what=f"the operator to create every child of {watched}/shoal-tiny "
+                           "and write status")
         assert ie["status"]["phase"] in ("Pending", "Progressing"), ie["status"]
         if unwatched:
             pods = env.get("pods", "-n", unwatched)
             assert pods["items"] == [], "an unwatched namespace was reconciled"
         env.kubectl("delete", "ie", "shoal-tiny", "-n", watched, "--wait=false")
-        wait_for(lambda: env.get("ie", "shoal-tiny", "-n", watched) is None, timeout=90, interval=0.5,
-                 what="the operator to stop the group and remove its finalizer")
+        wait_for(lambda: env.get("ie", "shoal-tiny", "-n", watched) is None, timeout=90,
+                 interval=0.5, what="the operator to stop the group and remove its finalizer")
         assert op.forbidden() == [], "\n".join(op.forbidden())
     except BaseException:
         print(f"--- operator log ({op.log}):\n{op.tail()}")
@@ -192,7 +201,8 @@ def test_namespaced_chart_rbac_is_enough_for_the_operator(env):
              "--set", "watchNamespaces={team-b}")
     try:
         # The ServiceAccount may not even read the unwatched namespace.
-        denied = env.kubectl("--kubeconfig", env.sa_kubeconfig("shoal-ns"), "get", "pods", "-n", "team-c", check=False)
+        denied = env.kubectl("--kubeconfig", env.sa_kubeconfig("shoal-ns"), "get", "pods", "-n",
+                             "team-c", check=False)
         assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
         run_operator_against(env, "shoal-ns", "team-b", unwatched="team-c")
     finally:

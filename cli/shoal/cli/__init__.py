@@ -13,10 +13,13 @@ import sys
 
 # name -> (module, one-line help). The module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("shoal.engine.entrypoints.serve", "Serve a model over an OpenAI-compatible HTTP API."),
+    "serve": ("shoal.engine.entrypoints.serve",
+              "Serve a model over an OpenAI-compatible HTTP API."),
     "router": ("shoal.router.main", "Route one InferenceEngine's requests to its engine groups."),
-    "gateway": ("shoal.router.gateway", "Route by model across every InferenceEngine (fleet gateway)."),
-    "make-model": ("shoal.engine.model_maker", "Write the project's small Llama model to a directory."),
+    "gateway": ("shoal.router.gateway",
+                "Route by model across every InferenceEngine (fleet gateway)."),
+    "make-model": ("shoal.engine.model_maker",
+                   "Write the project's small Llama model to a directory."),
 }
 
 

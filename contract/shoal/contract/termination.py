@@ -159,7 +159,8 @@ def write_termination_message(
 # Permanent causes need a rule that only the permanent fault produces (argparse's own line,
 # Hugging Face's "not a valid model identifier"), never a generic phrase: "No such file or
 # directory" is also a missing /dev/shm/nccl-* segment, and a ValueError is also a bad batch.
-# Each rule carries texts it must match and texts it must not (tests/operator/test_op_termination.py).
+# Each rule carries texts it must match and texts it must not
+# (tests/operator/test_op_termination.py).
 @dataclass(frozen=True)
 class TextRule:
     pattern: re.Pattern
@@ -188,7 +189,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
              ("FileNotFoundError: [Errno 2] No such file or directory: '/dev/shm/nccl-Xk2b'",
               "ValueError: path /tmp/cache/segment-3 does not exist")),
     TextRule(re.compile(r"(?m)^[\w. /-]+: error: (unrecognized arguments|argument |"
-                        r"the following arguments are required)|validation errors? for \w*Config\b"),
+                        r"the following arguments are required)|"
+                        r"validation errors? for \w*Config\b"),
              Cause.CONFIG_ERROR,
              ("usage: vllm serve [-h] ...\nvllm serve: error: unrecognized arguments: "
               "--shutdown-timeout 30",

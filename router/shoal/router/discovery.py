@@ -1,8 +1,9 @@
 """The discovery file the operator keeps (ConfigMap `NAME-engines`, key `engines.json`; the
 format is `shoal.contract.discovery`) and a watcher that re-reads it when it changes.
 
-A file that cannot be read or parsed keeps the last good list (the kubelet swaps ConfigMap files atomically,
-but hand-edited files can be half-written), with one log line per distinct problem.
+A file that cannot be read or parsed keeps the last good list (the kubelet swaps ConfigMap
+files atomically, but hand-edited files can be half-written), with one log line per distinct
+problem.
 """
 
 from __future__ import annotations

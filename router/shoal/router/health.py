@@ -1,6 +1,7 @@
 """Active health checks of the listed groups, so the router's /health (the frontend pod's
 readiness) says whether a group can serve before a client request finds out. A group whose
-/health refuses the connection or answers non-200 is put in cool-down; a 200 after the cool-down ran out marks it recovered."""
+/health refuses the connection or answers non-200 is put in cool-down; a 200 after the
+cool-down ran out marks it recovered."""
 
 from __future__ import annotations
 

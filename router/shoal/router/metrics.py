@@ -17,7 +17,8 @@ class RouterMetrics:
             ["group", "endpoint", "outcome"], registry=r)
         self.upstream_errors = Counter(
             "shoal_router_upstream_errors", "Upstream failures, by group and cause "
-            "(connect, no_answer = dropped before answering, unavailable = 503, midway = failed after the response started, "
+            "(connect, no_answer = dropped before answering, unavailable = 503, "
+            "midway = failed after the response started, "
             "server_error = other 5xx).", ["group", "cause"], registry=r)
         self.retries = Counter("shoal_router_retries",
                                "Requests re-sent to another group after the first one failed "

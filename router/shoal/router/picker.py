@@ -3,10 +3,11 @@
 Rule (`least-outstanding`): among the usable groups, the one with the fewest outstanding
 (forwarded, unfinished) requests; ties go round-robin. With `prefix-affinity` (an injected
 `PrefixAffinity`, affinity.py) a request whose prompt starts like an earlier one goes to the
-group that served that prefix, while that group's load stays within the affinity's bound. A group that refused a connection or answered 503 is skipped for a
-cool-down; after it, the group is tried again if the discovery file still lists it (the
-operator's stable per-group addresses make a retry safe). Pure bookkeeping, no I/O: the proxy
-and the health prober report what they saw.
+group that served that prefix, while that group's load stays within the affinity's bound. A
+group that refused a connection or answered 503 is skipped for a cool-down; after it, the
+group is tried again if the discovery file still lists it (the operator's stable per-group
+addresses make a retry safe). Pure bookkeeping, no I/O: the proxy and the health prober
+report what they saw.
 """
 
 from __future__ import annotations
