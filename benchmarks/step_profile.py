@@ -29,9 +29,9 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from shoal.engine.cpus import omp_wait_env
+from shoal.engine.worker.cpu.cpus import omp_wait_env
 
-# As the engine process does (engine_core_proc.main), before torch loads OpenMP: idle OpenMP
+# As the engine process does (core/engine_core_proc/proc.main), before torch loads OpenMP: idle OpenMP
 # threads sleep unless this process is pinned or the environment says otherwise (cpus.py).
 OMP_ENV, OMP_WHY = omp_wait_env()
 os.environ.update(OMP_ENV)
@@ -127,7 +127,7 @@ def main() -> None:
     started: set[str] = set()
     prefill_steps, t_prefill = 0, time.perf_counter()
     while len(started) < args.num_requests:
-        step = core.step_output()
+        step = core.step()
         prefill_steps += 1
         started.update(o.request_id for o in step.outputs)
         started.update(step.decode_req_ids)
@@ -141,12 +141,10 @@ def main() -> None:
     t0 = time.perf_counter()
     for _ in range(args.steps):
         with clock.phase("step"):
-            step = core.step_output()
+            step = core.step()
             with clock.phase("output"):
-                batch = OutputCodec.pack(step.decode_req_ids, step.decode_token_ids,
-                                         step.outputs, handles.get,
-                                         scheduler_stats=step.scheduler_stats,
-                                         timestamp=time.monotonic())
+                step.timestamp = time.monotonic()
+                batch = OutputCodec.pack(step, handles.get)
                 encoder.encode(batch)
     wall = time.perf_counter() - t0
     if profiler:

@@ -5,12 +5,11 @@ versus shoal's columnar OutputBatch, side by side.
 
 Both paths are timed as the engine and frontend run them, including what the scheduler builds:
 - per-output: one EngineCoreOutput per token (vLLM's scheduler does this), msgpack-encode
-  EngineCoreOutputs, decode it into per-request objects;
+  vLLM's EngineCoreOutputs layout (PerOutputStep below), decode it into per-request objects;
 - columnar: two appends per token into StepOutput's columns (shoal's scheduler does this),
-  OutputCodec.pack + encode_into a reused buffer, decode + OutputCodec.columns (request ids and
-  token ids: what AsyncLLM's output handler consumes).
-The last column decodes further into per-request objects (OutputCodec.from_batch, the
-EngineCoreClient.get_output contract) for comparison.
+  OutputCodec.pack + encode_into a reused buffer, decode + OutputCodec.unpack (a StepOutput:
+  request ids and token ids, what AsyncLLM's output handler consumes).
+The last column builds per-request objects from the unpacked columns, for comparison.
 
     python benchmarks/wire.py [--batches 1 32 128 256] [--seconds 0.5]
 """
@@ -24,6 +23,15 @@ import msgspec
 from shoal.engine import wire
 from shoal.engine.codec import MsgpackDecoder, MsgpackEncoder, OutputCodec
 from shoal.engine.core.sched_output import StepOutput
+
+
+class PerOutputStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM's EngineCoreOutputs layout: every output whole, with its request id."""
+
+    engine_index: int = 0
+    outputs: list[wire.EngineCoreOutput] = []
+    scheduler_stats: wire.SchedulerStats | None = None
+    timestamp: float = 0.0
 
 
 def make_step(batch: int) -> tuple[list[str], list[int], wire.SchedulerStats]:
@@ -51,11 +59,11 @@ def measure(batch: int, seconds: float) -> dict:
     id_of = {h: rid for rid, h in handles.items()}
     pairs = list(zip(ids, tokens, strict=True))
 
-    def emit_per_output() -> wire.EngineCoreOutputs:
+    def emit_per_output() -> PerOutputStep:
         outputs = []
         for rid, tok in pairs:
             outputs.append(wire.EngineCoreOutput(rid, [tok]))
-        return wire.EngineCoreOutputs(outputs=outputs, scheduler_stats=stats)
+        return PerOutputStep(outputs=outputs, scheduler_stats=stats)
 
     def emit_columns() -> StepOutput:
         step = StepOutput(scheduler_stats=stats)
@@ -66,7 +74,7 @@ def measure(batch: int, seconds: float) -> dict:
         return step
 
     per_enc = msgspec.msgpack.Encoder()
-    per_dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs)
+    per_dec = msgspec.msgpack.Decoder(PerOutputStep)
     per_bytes = len(per_enc.encode(emit_per_output()))
 
     def per_output():
@@ -75,20 +83,22 @@ def measure(batch: int, seconds: float) -> dict:
     enc, dec, buf = MsgpackEncoder(), MsgpackDecoder(wire.OutputBatch), bytearray()
 
     def pack() -> wire.OutputBatch:
-        step = emit_columns()
-        return OutputCodec.pack(step.decode_req_ids, step.decode_token_ids, step.outputs,
-                                handles.get, scheduler_stats=step.scheduler_stats)
+        return OutputCodec.pack(emit_columns(), handles.get)
 
     col_bytes = len(enc.encode_into(pack(), buf)[0])
 
     def columnar():
-        OutputCodec.columns(dec.decode(enc.encode_into(pack(), buf)), id_of)
+        return OutputCodec.unpack(dec.decode(enc.encode_into(pack(), buf)), id_of)
+
+    def objects(step: StepOutput) -> list[wire.EngineCoreOutput]:
+        return [wire.EngineCoreOutput(r, [t])
+                for r, t in zip(step.decode_req_ids, step.decode_token_ids, strict=True)]
 
     def columnar_objects():
-        OutputCodec.from_batch(dec.decode(enc.encode_into(pack(), buf)), id_of)
+        objects(columnar())
 
-    check = OutputCodec.from_batch(dec.decode(enc.encode(pack())), id_of)
-    assert check.outputs == emit_per_output().outputs
+    check = objects(OutputCodec.unpack(dec.decode(enc.encode(pack())), id_of))
+    assert check == emit_per_output().outputs
     return {
         "batch": batch,
         "per_bytes": per_bytes / batch, "col_bytes": col_bytes / batch,

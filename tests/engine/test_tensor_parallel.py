@@ -14,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 import types
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +29,7 @@ from shoal.engine.worker.cpu import fused as cpu_fused
 from shoal.engine.worker.cpu import linear as cpu_linear
 from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from shoal.engine.worker.worker import Worker
+from support.net import free_ports
 
 # Absolute, plus a relative part for the 12-layer model whose logits reach ~35: the sharded
 # sums only reorder float32 additions (measured: 1e-5 on tiny, 7e-5 on small), while a wrong
@@ -144,18 +144,6 @@ def _launcher(groups: list, out_dir: str) -> None:
                        join=True, start_method="fork")
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (all bound at once, so none is handed out twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 # -- models ----------------------------------------------------------------------------------
 
 def _random_model(path: Path, arch: str) -> str:
@@ -217,7 +205,7 @@ def results(models, tmp_path_factory) -> dict:
     worlds = sorted(WORLD_SIZES, reverse=True)
     groups = [(world, port, [(name, models[key], kernel)
                              for name, key, sizes, kernel in JOBS if world in sizes])
-              for world, port in zip(worlds, _free_ports(len(worlds)), strict=True)]
+              for world, port in zip(worlds, free_ports(len(worlds)), strict=True)]
     # One spawned launcher imports torch/transformers once and forks the ranks from it: ranks
     # spawned one by one would each import them, which dominates the run time on 2 cores.
     launcher = multiprocessing.get_context("spawn").Process(

@@ -7,7 +7,6 @@ configuration keeps exactly the pods the operator renders as rank 0."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import httpx
@@ -15,9 +14,7 @@ import pytest
 import yaml
 from kube_schemas import problems
 from packaging_support import EXAMPLES, REPO, load_all
-
-sys.path.insert(0, str(REPO / "tests" / "serving"))
-from serve_helpers import ServeProcess  # noqa: E402
+from support.servers import ServeProcess
 
 AUTOSCALING = EXAMPLES / "autoscaling"
 METRIC = re.compile(r"\bvllm:[a-z_]+")

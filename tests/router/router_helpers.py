@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 import httpx
+from support import wait
+from support.net import free_port
+from support.servers import API_KEY, MODEL_NAME, ServeProcess, ServerProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serving"))
-from serve_helpers import (  # noqa: E402
-    API_KEY,
-    MODEL_NAME,
-    ServeProcess,
-    ServerProcess,
-    free_port,
-    wait_for,
-)
+
+def wait_for(predicate, timeout, what, **kwargs):
+    """support.wait.wait_for, in the positional form (predicate, timeout, what) the router
+    tests call it with."""
+    return wait.wait_for(predicate, timeout, what=what, **kwargs)
+
 
 __all__ = ["API_KEY", "MODEL_NAME", "GatewayProcess", "RouterProcess", "ServeProcess", "wait_for",
            "local_discovery", "write_atomically", "write_discovery"]

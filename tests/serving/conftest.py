@@ -1,9 +1,9 @@
-"""Fixtures for serving tests; the helpers live in serve_helpers.py."""
+"""Fixtures for serving tests; the server helpers live in tests/support/servers.py."""
 
 from __future__ import annotations
 
 import pytest
-from serve_helpers import ServeProcess
+from support.servers import ServeProcess
 
 
 @pytest.fixture

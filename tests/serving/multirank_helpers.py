@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import psutil
 import torch
-from serve_helpers import MODEL_NAME, ServeProcess, free_port, wait_for
+from support.net import free_port
+from support.servers import MODEL_NAME, ServeProcess
+from support.wait import wait_for
 
 TIE_TOLERANCE = 1e-4  # as the oracle's: a mismatch is accepted only at a near-tie of the top-2
 NUM_PROMPTS = 16

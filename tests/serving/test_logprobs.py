@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import API_KEY, MODEL_NAME, healthy_server
+from support.servers import API_KEY, MODEL_NAME, healthy_server
 
 TOL = 1e-3
 PROMPT = "def parse(text):\n    return"

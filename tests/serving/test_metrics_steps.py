@@ -8,7 +8,8 @@ import re
 
 import httpx
 import pytest
-from serve_helpers import MODEL_NAME, ServeProcess, wait_for
+from support.servers import MODEL_NAME, ServeProcess
+from support.wait import wait_for
 
 LONG = 1000  # tokens: seconds of decoding on this machine, so the read lands mid-stream
 
@@ -53,7 +54,7 @@ def test_token_counters_move_while_a_request_streams(server):
     assert mid["vllm:iteration_tokens_total_count"] > before.get(
         "vllm:iteration_tokens_total_count", 0)
     wait_for(lambda: scrape(server)["vllm:num_requests_running"] == 0, 30,
-             "the aborted request to leave the engine")
+             what="the aborted request to leave the engine")
 
 
 def test_phase_histograms_observe_each_request(server):

@@ -26,8 +26,8 @@ from multirank_helpers import (
     two_node_flags,
     wait_for,
 )
-from serve_helpers import ServeProcess
 from support.models import ensure_model
+from support.servers import ServeProcess
 
 F32 = ("--dtype", "float32")
 NUM_STREAMS = 16
@@ -196,7 +196,7 @@ def test_sigterm_to_the_headless_node_alone_drains_the_group_from_node_0(two_nod
     streams.wait_started()
     node1.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: _status(f"{node0.url}/health") in (503, None), 30,
-             "node 0 to start draining")
+             what="node 0 to start draining")
     streams.join()
     assert streams.finish_reasons() == ["length"] * 4
     assert node0.wait_exit(60) == 0
@@ -215,8 +215,9 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
     """The contract with the operator: the exact args render.py gives each rank pod start a real
     group (only what a pod would resolve differently is substituted: the model's mount path, the
     rank-0 DNS name, the ports)."""
-    from serve_helpers import ServerProcess, free_port
     from shoal.operator import render
+    from support.net import free_port
+    from support.servers import ServerProcess
 
     body = {"apiVersion": "shoal.dev/v1alpha1", "kind": "InferenceEngine",
             "metadata": {"name": "demo", "namespace": "ns", "uid": "u1"},

@@ -11,8 +11,8 @@ from __future__ import annotations
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from serve_helpers import MODEL_NAME, ServeProcess
 from shoal.engine.entrypoints.api_server import build_app
+from support.servers import MODEL_NAME, ServeProcess
 from test_openapi_health import EngineStandIn
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -15,7 +14,8 @@ import httpx
 import openai
 import psutil
 import pytest
-from serve_helpers import API_KEY, MODEL_NAME, healthy_server, wait_for
+from support.servers import API_KEY, MODEL_NAME, healthy_server
+from support.wait import wait_for
 
 IGNORE_EOS = {"ignore_eos": True}
 PROMPTS = ["def main(", "import os\nimport sys\n", "class Parser:\n    def"]
@@ -219,7 +219,7 @@ def test_slow_consumer_gets_every_token_exactly_once(server, client):
         first = next(line for line in lines if line.startswith("data: "))
         wait_for(lambda: server.metric("vllm:request_success_total",
                                        'finished_reason="length"') > done_before,
-                 60, "the engine to finish the request")
+                 60, what="the engine to finish the request")
         rest = [line for line in lines if line.startswith("data: ")]
     chunks = [json.loads(e[6:]) for e in [first, *rest] if e != "data: [DONE]"]
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
@@ -232,6 +232,7 @@ def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
     response in one try of three to fifteen, and the request then generated to its end."""
     body = {"model": MODEL_NAME, "prompt": "while True:" * 40, "max_tokens": 1500,
             "temperature": 0, "ignore_eos": True, "stream": True}
+    aborts_at_start = server.metric("vllm:request_success_total", 'finished_reason="abort"')
     for attempt in range(10):
         aborted_before = server.metric("vllm:request_success_total", 'finished_reason="abort"')
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
@@ -239,21 +240,22 @@ def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
             lines = r.iter_lines()  # (breaking out of iter_lines would close the connection early)
             next(line for line in lines if line.startswith("data: "))
             wait_for(lambda: server.metric("vllm:kv_cache_usage_perc") > 0, 30,
-                     "the running request to hold KV blocks",
+                     what="the running request to hold KV blocks",
                      detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
                                      if m.startswith(("vllm:num_req", "vllm:kv"))])
         # The response is closed: the server must abort the request and the engine free its blocks
         # (well before the 1500 tokens would have ended it: about 14 s here).
         wait_for(lambda before=aborted_before: server.metric(
-                     "vllm:request_success_total", 'finished_reason="abort"') > before, 5, f"the frontend to abort the request (attempt {attempt})",
+                     "vllm:request_success_total", 'finished_reason="abort"') > before, 5, what=f"the frontend to abort the request (attempt {attempt})",
                  detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
                                  if m.startswith("vllm:request_success_total")])
         wait_for(lambda: server.metric("vllm:num_requests_running") == 0
                  and server.metric("vllm:kv_cache_usage_perc") == 0, 30,
-                 "the engine to free the request's KV blocks",
+                 what="the engine to free the request's KV blocks",
                  detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
                                  if m.startswith(("vllm:num_req", "vllm:kv", "vllm:request_succ"))])
-    assert server.log().count("aborted (client gone)") >= 10
+    assert server.metric("vllm:request_success_total",
+                         'finished_reason="abort"') >= aborts_at_start + 10
 
 
 # ----- bad input: the right 4xx, a message that says what to fix, nothing else lost ----------
@@ -384,11 +386,3 @@ def test_the_api_server_process_does_not_load_torch(server):
     engine = [m.path for m in psutil.Process(server.engine_pid()).memory_maps()]
     assert any("libtorch" in p for p in engine)
     assert not any("libtorch" in p for p in frontend)
-
-
-def test_zz_engine_exits_when_its_frontend_is_killed(server):
-    """Runs last in this module: SIGKILL the frontend; the engine's watchdog must notice."""
-    engine = psutil.Process(server.engine_pid())
-    os.kill(server.proc.pid, signal.SIGKILL)
-    wait_for(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, 30,
-             "the orphaned engine process to exit")

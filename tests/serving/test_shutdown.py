@@ -7,7 +7,8 @@ import json
 import signal
 
 import httpx
-from serve_helpers import MODEL_NAME, wait_for
+from support.servers import MODEL_NAME
+from support.wait import wait_for
 
 
 def _stream(server, max_tokens: int):
@@ -34,7 +35,7 @@ def test_sigterm_with_timeout_0_aborts_in_flight_requests_and_exits_0(serve_fact
     assert finishes[-1] == "abort"
     assert chunks[-1]["usage"]["completion_tokens"] < 1900
     assert server.wait_exit(60) == 0
-    assert "aborting 1 in-flight" in server.log()
+    assert finishes.count("abort") == 1  # the one request in flight, aborted by the shutdown
 
 
 def test_sigterm_with_a_timeout_drains_running_requests_and_refuses_new_ones(serve_factory):
@@ -44,7 +45,7 @@ def test_sigterm_with_a_timeout_drains_running_requests_and_refuses_new_ones(ser
         first = _events([next(line for line in lines if line.startswith("data: "))])
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: httpx.get(f"{server.url}/health").status_code == 503, 10,
-                 "/health to report the drain")
+                 what="/health to report the drain")
         assert httpx.get(f"{server.url}/health").headers["retry-after"] == "1"
         refused = httpx.post(f"{server.url}/v1/completions",
                              json={"model": MODEL_NAME, "prompt": "a"}, timeout=10)

@@ -11,11 +11,11 @@ import re
 import jsonschema
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, healthy_server
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest
 from shoal.engine.entrypoints.tool_calls import ToolSettings, plan_tools
 from shoal.engine.entrypoints.tool_parsers import ToolCallStream, parse_hermes, scan_required
 from shoal.engine.errors import InvalidRequestError
+from support.servers import MODEL_NAME, healthy_server
 
 MESSAGES = [{"role": "user", "content": "What is the weather?"}]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},

@@ -1,20 +1,22 @@
-"""Helpers for serving tests (imported by conftest and the test modules): a real `shoal serve` subprocess on a free port, and waits with
-deadlines (never fixed sleeps)."""
+"""Real `shoal serve` processes for tests and benchmarks: ServerProcess (any `shoal` server
+subprocess on a free port, its log in a file shown when it fails), ServeProcess (`shoal serve`
+with an engine on the test model) and `healthy_server` (a module's server, healthy, stopped on
+exit). Shared by the serving, router and packaging tests and the benchmarks."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import psutil
+from support.net import free_port
+from support.wait import wait_for
 
 API_KEY = "test-key"
 MODEL_NAME = "tiny"
@@ -22,29 +24,10 @@ MODEL_NAME = "tiny"
 KV_BYTES = "64M"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detail=None):
-    """Poll `predicate` until truthy; on timeout fail with `what` and `detail()` if given."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f": {detail()}" if detail else ""
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{extra}")
-        time.sleep(interval)
-
-
 class ServerProcess:
     """A `shoal serve ...` subprocess on a free port; logs go to a file shown when it fails.
 
-    Shared by the serving tests (engine servers) and the router tests (`--frontend-only`)."""
+    Shared by the serving tests (engine servers) and the router tests (`shoal router`)."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict, api_key: str | None) -> None:
         self.api_key = api_key
@@ -76,7 +59,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 return False
 
-        wait_for(answering, timeout, what, interval=0.2, detail=lambda: self.log()[-2000:])
+        wait_for(answering, timeout, interval=0.2, what=what, detail=lambda: self.log()[-2000:])
         return self
 
     def stop(self, timeout: float = 60.0) -> int:
