@@ -301,7 +301,8 @@ def test_the_engine_logs_which_paths_run_and_answers_alike_with_and_without_them
     caplog.set_level(logging.INFO, logger="shoal.engine.worker.cpu.backend")
     fast = make_llm(tiny_model, dtype=dtype, max_model_len=256)
     runner = fast.engine_core.model_executor.worker.model_runner
-    assert (runner.cpu.fused.norms, runner.cpu.fused.mlps) == (9, 4)  # 2 per layer + final; 4 layers
+    fused = runner.cpu.fused
+    assert (fused.norms, fused.mlps) == (9, 4)  # 2 per layer + final; 4 layers
     assert "norms and activations: fused RMSNorm (9) and SiLU-gated MLP (4) layers" in caplog.text
     assert "rotary embedding: fused (modeling_llama)" in caplog.text
     got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]

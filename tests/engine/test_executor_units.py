@@ -136,4 +136,5 @@ def test_an_unreadable_model_file_is_a_start_up_fault_not_a_missing_model(tmp_pa
     exc = PermissionError("model files ... not readable")
     dead = wire.EngineDead("EngineCore_0", 1, 0, "PermissionError", str(exc),
                            cause=death_cause(exc, serving=False).value)
-    assert death_cause(serving=True, exc_type=dead.exc_type, stated=dead.cause) == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)
+    cause = death_cause(serving=True, exc_type=dead.exc_type, stated=dead.cause)
+    assert cause == Cause.STARTUP_ERROR and not is_permanent(Cause.STARTUP_ERROR)

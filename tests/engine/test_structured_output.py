@@ -183,7 +183,8 @@ def test_a_grammar_that_fails_to_compile_finishes_its_request_with_error(llm):
             "doomed", [5, 6, 7], constrained("regex", "[xyz]{4}", seed=3), 0.0))
         finishes = []
         for _ in range(100):
-            finishes += [o.finish_reason for o in core.step().outputs if o.finish_reason is not None]
+            finishes += [o.finish_reason for o in core.step().outputs
+                         if o.finish_reason is not None]
             if finishes:
                 break
         assert finishes == [wire.FinishReason.ERROR]

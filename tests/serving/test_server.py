@@ -246,7 +246,8 @@ def test_client_disconnect_mid_stream_frees_its_kv_blocks(server):
         # The response is closed: the server must abort the request and the engine free its blocks
         # (well before the 1500 tokens would have ended it: about 14 s here).
         wait_for(lambda before=aborted_before: server.metric(
-                     "vllm:request_success_total", 'finished_reason="abort"') > before, 5, what=f"the frontend to abort the request (attempt {attempt})",
+                     "vllm:request_success_total", 'finished_reason="abort"') > before, 5,
+                 what=f"the frontend to abort the request (attempt {attempt})",
                  detail=lambda: [m for m in httpx.get(f"{server.url}/metrics").text.splitlines()
                                  if m.startswith("vllm:request_success_total")])
         wait_for(lambda: server.metric("vllm:num_requests_running") == 0

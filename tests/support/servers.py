@@ -49,7 +49,8 @@ class ServerProcess:
         return self.log_path.read_text()
 
     def wait_answering(self, path: str, what: str, timeout: float):
-        """Poll GET `path` until it answers 200; fail at once (with the log) if the process exits."""
+        """Poll GET `path` until it answers 200; fail at once (with the log) if the process
+        exits."""
         def answering():
             if self.proc.poll() is not None:
                 raise AssertionError(f"{what}: process exited with {self.proc.returncode}:\n"

@@ -44,7 +44,8 @@ class RankFailure(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     # Raised inside a torch.distributed collective: most often the consequence of a peer that
     # died, so node 0 waits briefly for that peer's own failure before naming this one.
     in_collective: bool = False
-    # The termination cause decided where the exception was raised (core/engine_core_proc/death.py); ""
+    # The termination cause decided where the exception was raised
+    # (core/engine_core_proc/death.py); ""
     # for exits and lost nodes, which the EngineCore names.
     cause: str = ""
 
