@@ -26,12 +26,15 @@ serve: venv
 # The whole system on a local cluster with two real nodes (docs/cluster.md): builds what is
 # missing (Kubernetes from Debian's source, the images), installs the chart, applies
 # examples/cluster-hostpath.yaml and waits for a completion through the Service. Needs root.
+# kubectl and helm: tests/support/k8s_tools.py (installed once into the cache, prints the paths).
 cluster: venv
-	$(BIN)/python -c 'import sys; sys.path.insert(0, "tests"); from support.models import ensure_model; ensure_model("shoal-tiny", "tiny")'
-	$(BIN)/python scripts/k8s-control-plane/cluster_demo.py --model $(MODEL)
+	test -f $(MODEL)/config.json || $(BIN)/shoal make-model $(MODEL)
+	$(BIN)/python -m shoal.devcluster demo --model $(MODEL) \
+	    $$($(BIN)/python tests/support/k8s_tools.py | sed -E 's/^(kubectl|helm): +/--\1 /')
 
+# Standard library only: runs without the venv.
 cluster-down:
-	$(PY) scripts/k8s-control-plane/cluster.py stop
+	PYTHONPATH=devcluster $(PY) -m shoal.devcluster stop
 
 # The whole suite: lint, then every tier (what .ci/run runs). One tier alone: make test-unit,
 # test-process, test-k8s, test-e2e (tests/conftest.py says what each holds).

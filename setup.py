@@ -3,9 +3,9 @@
 from setuptools import find_namespace_packages, setup
 
 packages, package_dir = [], {}
-for root in ("contract", "engine", "router", "operator", "cli"):
+for root in ("contract", "engine", "router", "operator", "cli", "devcluster"):
     for pkg in find_namespace_packages(root, include=["shoal.*"]):
         packages.append(pkg)
         package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja", "*.c", "*.h"]})
+setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja", "*.c", "*.h", "*.sh"]})

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "scripts" / "k8s-control-plane")]
+sys.path[:0] = [str(REPO / "tests")]
 
-import cluster as cluster_mod  # noqa: E402
-import cluster_clean  # noqa: E402
-import cluster_demo  # noqa: E402
 from e2e.e2e_helpers import Stream, completes, create, service_url, status, wait_ready  # noqa: E402
+from shoal.devcluster import clean, demo  # noqa: E402
+from shoal.devcluster import cluster as devcluster  # noqa: E402
+from shoal.devcluster.node import CGROUP_FS  # noqa: E402
 from support.cluster import Cluster  # noqa: E402
+from support.k8s_tools import ensure_k8s_tools  # noqa: E402
 from support.models import ensure_model  # noqa: E402
 from support.wait import wait_for  # noqa: E402
 
@@ -37,15 +38,13 @@ KILL = ("import os, signal\n"
 
 def pss_mib() -> dict[str, float]:
     """PSS by part of the cluster, MiB."""
-    from cluster_node import CGROUP_FS
-
     in_pods: set[int] = set()
     for node in ("shoal-node1", "shoal-node2"):
         cg = CGROUP_FS / "memory" / node / "kubepods"
         if cg.is_dir():
-            in_pods |= cluster_clean._procs_in(cg)
+            in_pods |= clean.procs_in(cg)
     parts: dict[str, float] = {}
-    for pid in cluster_clean._our_processes():
+    for pid in clean.our_processes():
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
@@ -87,13 +86,14 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     args = ap.parse_args()
     rows: list[tuple[str, str]] = []
-    was_running = cluster_mod.running_state() is not None
+    was_running = devcluster.running_state() is not None
     t0 = time.monotonic()
-    state = cluster_mod.start()
+    state = devcluster.start()
     rows.append(("cluster start (this run)", f"{time.monotonic() - t0:.0f} s"
                  + (" (already running)" if was_running else "")))
-    cluster_demo.install_model(ensure_model("shoal-tiny", "tiny"))
-    cluster_demo.install_operator(cluster_demo.Kube(state["kubeconfig"]))
+    demo.install_model(ensure_model("shoal-tiny", "tiny"))
+    tools = ensure_k8s_tools()
+    demo.install_operator(demo.Kube(state["kubeconfig"], tools.kubectl, tools.helm))
     c = Cluster(state, was_running)
     ns = c.new_namespace("bench")
     try:
@@ -154,7 +154,7 @@ def main() -> int:
     finally:
         c.kubectl("delete", "ns", ns, "--wait=false", check=False)
         if not was_running and not args.keep:
-            cluster_mod.stop()
+            devcluster.stop()
     print("\n| measurement | value |\n|---|---|")
     for k, v in rows:
         print(f"| {k} | {v} |")

@@ -4,7 +4,7 @@
     python benchmarks/operator_scale.py --engines 50 --groups 2 --ranks 2
     python benchmarks/operator_scale.py --kubeconfig PATH    # an already running control plane
 
-Starts the project's test control plane (scripts/k8s-control-plane, built once into the cache)
+Starts the project's test control plane (shoal.devcluster, built once into the cache)
 unless --kubeconfig is given, installs the CRD, runs `python -m shoal.operator` as a child
 process, creates the engines and reports:
 - time until every child object exists (pods, Deployments, Services, ConfigMaps, PDBs);
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import importlib.util
 import json
 import os
 import subprocess
@@ -43,18 +42,11 @@ sys.path.insert(0, str(REPO / "tests" / "operator"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate  # noqa: E402
+from shoal.devcluster.control_plane import ControlPlane  # noqa: E402
 from shoal.operator import crd  # noqa: E402
 from shoal.operator import labels as L  # noqa: E402
 from shoal.operator.kube import Kube  # noqa: E402
 from support.watch_log import WatchLog  # noqa: E402
-
-
-def _control_plane_module():
-    spec = importlib.util.spec_from_file_location("shoal_k8s_cp", REPO / "scripts/k8s-control-plane/control_plane.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["shoal_k8s_cp"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _install_crd(kube: Kube) -> None:
@@ -291,9 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.kubeconfig, args.engines, args.groups, args.ranks, args.resync, args.workers,
                      args.drain_seconds)
     else:
-        cpmod = _control_plane_module()
         with tempfile.TemporaryDirectory(prefix="shoal-bench-") as root:
-            cp = cpmod.ControlPlane(Path(root))
+            cp = ControlPlane(Path(root))
             cp.start(timeout=180)
             try:
                 result = run(str(cp.kubeconfig), args.engines, args.groups, args.ranks, args.resync,

@@ -1,14 +1,12 @@
 """When pods do not come up, the harness names the cause from the cluster's own objects
-(scripts/k8s-control-plane/cluster_explain.py): fed here the real scheduler's, kubelet's and
+(shoal.devcluster.explain): fed here the real scheduler's, kubelet's and
 API server's output for a pod no node fits, a pod whose image the node lacks, and a tainted node.
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from support.cluster import SCRIPTS
+from shoal.devcluster import explain
 from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -22,9 +20,6 @@ def pod(name: str, **spec) -> dict:
 
 
 def test_stuck_pods_are_explained_by_scheduler_kubelet_and_node_state(cluster, new_ns):
-    sys.path.insert(0, str(SCRIPTS))
-    import cluster_explain
-
     ns = new_ns("e2e-diagnosis")
     node = cluster.state["nodes"][0]
     cluster.kubectl("taint", "node", node, f"{TAINT}=1:NoSchedule")
@@ -41,7 +36,7 @@ def test_stuck_pods_are_explained_by_scheduler_kubelet_and_node_state(cluster, n
             cluster.apply(body)
 
         def explained():
-            text = cluster_explain.explain(cluster.get("pods", "-n", ns), cluster.get("nodes"),
+            text = explain.explain(cluster.get("pods", "-n", ns), cluster.get("nodes"),
                                            cluster.get("events", "-n", ns))
             lines = text.splitlines()
             nowhere = [ln for ln in lines if ln.startswith("pod nowhere:")]
@@ -65,5 +60,5 @@ def test_stuck_pods_are_explained_by_scheduler_kubelet_and_node_state(cluster, n
                    for ln in text.splitlines()), text
     finally:
         cluster.kubectl("taint", "node", node, f"{TAINT}-", check=False)
-    assert not [ln for ln in cluster_explain.node_lines(cluster.get("nodes")["items"])
+    assert not [ln for ln in explain.node_lines(cluster.get("nodes")["items"])
                 if TAINT in ln]

@@ -1,15 +1,15 @@
-"""The `cluster` fixture: the local cluster with real nodes (scripts/k8s-control-plane/cluster.py)
+"""The `cluster` fixture: the local cluster with real nodes (shoal.devcluster, docs/cluster.md)
 with the operator installed from the Helm chart, for the end-to-end tier (tests/e2e/).
 
-Build: binaries and images are prepared in `pytest_collection_finish` (`cluster.py prepare`,
-a no-op when cached; cold ~20 minutes), before any per-test timeout starts, and only when a
-collected test uses `cluster`. A failure there makes every such test fail with the build's
-output; the tier never skips by itself.
+Build: binaries and images are prepared in `pytest_collection_finish` (`python -m
+shoal.devcluster prepare`, a no-op when cached; cold ~20 minutes), before any per-test timeout
+starts, and only when a collected test uses `cluster`. A failure there makes every such test fail
+with the build's output; the tier never skips by itself.
 
-Start: `cluster.py start` (it removes leftovers of a killed run first). A cluster that
-`make cluster` left running is reused and left running; one this session started is stopped and
-removed at the end. On a failed test the logs of every component and the cluster's state are
-attached to the report (section "cluster logs").
+Start: `python -m shoal.devcluster start` (it removes leftovers of a killed run first). A
+cluster that `make cluster` left running is reused and left running; one this session started is
+stopped and removed at the end. On a failed test the logs of every component and the cluster's
+state are attached to the report (section "cluster logs").
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from shoal.devcluster import demo
+from shoal.devcluster.images import ENGINE_TAG as ENGINE_IMAGE
+from shoal.devcluster.layout import MODEL_HOST_DIR, logs_dir
+from support.k8s_tools import ensure_k8s_tools
+from support.models import ensure_model
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts" / "k8s-control-plane"
-CLUSTER_PY = SCRIPTS / "cluster.py"
-ENGINE_IMAGE = "ghcr.io/shoal-dev/shoal:0.1.0"
+DEVCLUSTER = (sys.executable, "-m", "shoal.devcluster")
 MODEL_MOUNT = "/models"
-MODEL_HOST_DIR = "/var/lib/shoal-cluster/models"
 
 _prepare_error: str | None = None
 
@@ -44,9 +45,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     say = tr.write_line if tr is not None else print
-    say("cluster: preparing binaries and images (cluster.py prepare; cached after the first run)")
+    say("cluster: preparing binaries and images (python -m shoal.devcluster prepare; cached "
+        "after the first run)")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(CLUSTER_PY), "prepare"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*DEVCLUSTER, "prepare"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace")
     tail: list[str] = []
     assert proc.stdout is not None
@@ -65,9 +67,6 @@ class Cluster:
     """Handle for tests: kubeconfig, kubectl/helm, the Python client, namespaces, logs."""
 
     def __init__(self, state: dict, reused: bool) -> None:
-        sys.path.insert(0, str(REPO / "tests"))
-        from support.k8s_tools import ensure_k8s_tools
-
         self.state = state
         self.reused = reused
         self.kubeconfig = state["kubeconfig"]
@@ -122,8 +121,7 @@ class Cluster:
 
 
 def _run_cluster(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CLUSTER_PY), *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*DEVCLUSTER, *args], capture_output=True, text=True, timeout=timeout)
 
 
 # Package scope (tests/e2e): the cluster goes away when the tier is done, not at the end of the
@@ -138,22 +136,17 @@ def cluster():
     reused = _run_cluster("status", timeout=30).returncode == 0
     res = _run_cluster("start", timeout=900)
     if res.returncode != 0:
-        logs = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal")) / \
-            "cluster" / "logs"
         tails = "\n".join(f"--- {p}\n" + "\n".join(p.read_text(errors="replace")
                                                     .splitlines()[-25:])
-                          for p in sorted(logs.glob("*.log")))
+                          for p in sorted(logs_dir().glob("*.log")))
         _run_cluster("stop", timeout=300)
         pytest.fail(f"the cluster did not come up:\n{res.stderr[-6000:]}\n{tails}", pytrace=False)
     state = json.loads(res.stdout)
     handle = Cluster(state, reused)
     try:
-        sys.path.insert(0, str(SCRIPTS))
-        import cluster_demo
-        from support.models import ensure_model
-
-        cluster_demo.install_model(ensure_model("shoal-tiny", "tiny"))
-        cluster_demo.install_operator(cluster_demo.Kube(handle.kubeconfig))
+        demo.install_model(ensure_model("shoal-tiny", "tiny"))
+        demo.install_operator(demo.Kube(handle.kubeconfig, handle.tools.kubectl,
+                                        handle.tools.helm))
         yield handle
     finally:
         for ns in handle.kubectl("get", "ns", "-l", "shoal-test=e2e", "-o", "name",
@@ -188,7 +181,8 @@ def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
             "image": ENGINE_IMAGE, "replicas": replicas,
             "tensorParallelSize": tensor_parallel, "nodesPerGroup": nodes_per_group,
             "modelVolume": {"mountPath": MODEL_MOUNT,
-                            "volume": {"hostPath": {"path": MODEL_HOST_DIR, "type": "Directory"}}},
+                            "volume": {"hostPath": {"path": str(MODEL_HOST_DIR),
+                                                     "type": "Directory"}}},
             "engine": {"extraArgs": ["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
                                      *(extra_args or [])],
                        "startupTimeoutSeconds": 300,

@@ -4,7 +4,7 @@ Why real: the operator is tested with kopf against an API server that validates 
 serves watches, garbage-collects owned objects and runs the StatefulSet controller; a mock would
 test the mock. See docs/control-plane.md.
 
-Build: the binaries are built once per cache by scripts/k8s-control-plane/build.sh (first time
+Build: the binaries are built once per cache by build.sh (shoal.devcluster.build; first time
 10-20 minutes). That build runs in `pytest_collection_finish`, before any test's timeout starts,
 and only when a collected test uses `control_plane`. If it fails, every such test errors with the
 build's last output lines; it never silently skips (set SHOAL_SKIP_K8S=1 to skip on purpose).
@@ -15,34 +15,19 @@ collector has actually collected a probe object, so tests can rely on GC from th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from shoal.devcluster import build
+from shoal.devcluster import control_plane as cpmod
+from shoal.devcluster.layout import k8s_cache
+from shoal.devcluster.procs import DevClusterError
 from support.wait import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts" / "k8s-control-plane"
-
-
-def _load_control_plane_module():
-    name = "shoal_k8s_control_plane"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / "control_plane.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cpmod = _load_control_plane_module()
 
 _build_error: str | None = None
 _build_done = False
@@ -103,20 +88,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not _uses_control_plane(session.items):
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    if not cpmod.binaries_present() and tr is not None:
+    if not build.control_plane_built() and tr is not None:
         tr.write_line(
             f"control plane: building kube-apiserver/kube-controller-manager "
-            f"({SCRIPTS / 'build.sh'}; first build takes 10-20 minutes)"
+            f"({build.BUILD_SCRIPT}; first build takes 10-20 minutes)"
         )
     t0 = time.monotonic()
     try:
         log = _build_log_path()
-        cpmod.ensure_built(log, progress=tr.write_line if tr is not None else None)
-    except (cpmod.ControlPlaneError, OSError, subprocess.SubprocessError) as exc:
+        build.ensure_built(log, progress=tr.write_line if tr is not None else None)
+    except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
         _build_error = (
-            f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, cpmod.ControlPlaneError)
-            else str(exc)
+            f"{type(exc).__name__}: {exc}" if not isinstance(exc, DevClusterError) else str(exc)
         )
         if tr is not None:
             tr.write_line("control plane: build failed; tests using control_plane will error")
@@ -129,8 +112,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _build_log_path() -> Path:
     """The build's log next to the cache, or in /tmp if the cache cannot be created."""
     try:
-        cpmod.cache_dir().parent.mkdir(parents=True, exist_ok=True)
-        return cpmod.cache_dir().parent / "k8s-build.log"
+        k8s_cache().parent.mkdir(parents=True, exist_ok=True)
+        return k8s_cache().parent / "k8s-build.log"
     except OSError:
         fd, path = tempfile.mkstemp(prefix="shoal-k8s-build-", suffix=".log")
         os.close(fd)
@@ -193,18 +176,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("SHOAL_SKIP_K8S=1")
     if _build_error is not None:
         pytest.fail(f"control plane build failed:\n{_build_error}", pytrace=False)
-    if not _build_done and not cpmod.binaries_present():
+    if not _build_done and not build.control_plane_built():
         # Collected without the hook (e.g. a plugin ordering quirk): build here instead.
         try:
-            cpmod.ensure_built(_build_log_path())
-        except (cpmod.ControlPlaneError, OSError, subprocess.SubprocessError) as exc:
+            build.ensure_built(_build_log_path())
+        except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
             pytest.fail(f"control plane build failed:\n{exc}", pytrace=False)
 
     root = tmp_path_factory.mktemp("control-plane")
     cp = cpmod.ControlPlane(root)
     try:
         cp.start(timeout=180)
-    except cpmod.ControlPlaneError as exc:
+    except DevClusterError as exc:
         pytest.fail(f"control plane did not start: {exc}", pytrace=False)
     handle = ControlPlaneHandle(cp)
     try:

@@ -6,7 +6,7 @@
 #
 #   control-plane: kube-apiserver, kube-controller-manager (what the operator's tests need)
 #   node:          kubelet, kube-scheduler, kube-proxy and a static `pause` binary (what
-#                  scripts/k8s-control-plane/cluster.py needs for a cluster with real nodes)
+#                  the cluster with real nodes needs: python -m shoal.devcluster)
 #
 # Both sets come from the same source tree: when both are asked for, the tree is unpacked once.
 #

@@ -13,19 +13,8 @@ through it).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from cluster_common import (
-    BRIDGE,
-    HOST_IP,
-    NODE_NAMES,
-    SERVICE_CIDR,
-    log,
-    netns_name,
-    node_ip,
-    node_pod_cidr,
-    run,
-)
+from shoal.devcluster.layout import BRIDGE, HOST_IP, NODE_NAMES, SERVICE_CIDR, nodes
+from shoal.devcluster.procs import log, run
 
 
 def _ip(*args: str, check: bool = True):
@@ -41,44 +30,44 @@ def host_veth(index: int) -> str:
 
 
 def setup() -> None:
-    """Create the bridge, the node namespaces, their veths and routes (idempotent: a leftover
-    from a killed run is removed first by teardown)."""
+    """Create the bridge, the node namespaces, their veths and routes (a leftover from a killed
+    run is removed first by teardown)."""
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{HOST_IP}/24", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
-    for i, node in enumerate(NODE_NAMES):
-        ns = netns_name(node)
+    for n in nodes():
+        ns, veth = n.name, host_veth(n.index)
         _ip("netns", "add", ns)
-        _ip("link", "add", host_veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _ip("link", "set", host_veth(i), "master", BRIDGE, "up")
-        _in_ns(ns, "ip", "addr", "add", f"{node_ip(i)}/24", "dev", "eth0")
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", veth, "master", BRIDGE, "up")
+        _in_ns(ns, "ip", "addr", "add", f"{n.ip}/24", "dev", "eth0")
         _in_ns(ns, "ip", "link", "set", "eth0", "up")
         _in_ns(ns, "ip", "link", "set", "lo", "up")
         # Only these addresses leave the node: the host (API server, DNS) is on-link; other
         # nodes' pod ranges go to those nodes. No default route, so nothing else is reachable.
-        for j, _other in enumerate(NODE_NAMES):
-            if j != i:
-                _in_ns(ns, "ip", "route", "add", node_pod_cidr(j), "via", node_ip(j))
-        # A default route to the host is needed for kube-proxy's Service rules to apply to
-        # traffic whose destination is a ClusterIP (route lookup happens after DNAT).
+        for other in nodes():
+            if other != n:
+                _in_ns(ns, "ip", "route", "add", other.pod_cidr, "via", other.ip)
+        # A route to the host is needed for kube-proxy's Service rules to apply to traffic
+        # whose destination is a ClusterIP (route lookup happens after DNAT).
         _in_ns(ns, "ip", "route", "add", SERVICE_CIDR, "via", HOST_IP)
         for key, val in (("net.ipv4.ip_forward", "1"),
                          ("net.ipv4.conf.all.route_localnet", "1")):
             _in_ns(ns, "sysctl", "-qw", f"{key}={val}")
-        _ip("route", "add", node_pod_cidr(i), "via", node_ip(i), "dev", BRIDGE)
-    _ip("route", "add", SERVICE_CIDR, "via", node_ip(0), "dev", BRIDGE)
+        _ip("route", "add", n.pod_cidr, "via", n.ip, "dev", BRIDGE)
+    _ip("route", "add", SERVICE_CIDR, "via", nodes()[0].ip, "dev", BRIDGE)
     log(f"network: bridge {BRIDGE} {HOST_IP}/24, nodes "
-        + ", ".join(f"{n} {node_ip(i)} pods {node_pod_cidr(i)}" for i, n in enumerate(NODE_NAMES)))
+        + ", ".join(f"{n.name} {n.ip} pods {n.pod_cidr}" for n in nodes()))
 
 
 def teardown() -> None:
     """Remove routes, veths, namespaces and the bridge; missing pieces are fine."""
     _ip("route", "del", SERVICE_CIDR, "dev", BRIDGE, check=False)
-    for i, node in enumerate(NODE_NAMES):
-        _ip("route", "del", node_pod_cidr(i), "dev", BRIDGE, check=False)
-        _ip("link", "del", host_veth(i), check=False)
-        if Path(f"/run/netns/{netns_name(node)}").exists():
-            _ip("netns", "del", netns_name(node), check=False)
+    for n in nodes():
+        _ip("route", "del", n.pod_cidr, "dev", BRIDGE, check=False)
+        _ip("link", "del", host_veth(n.index), check=False)
+        if n.netns.exists():
+            _ip("netns", "del", n.name, check=False)
     _ip("link", "del", BRIDGE, check=False)
 
 
@@ -89,9 +78,7 @@ def leftovers() -> list[str]:
     for name in (BRIDGE, *(host_veth(i) for i in range(len(NODE_NAMES)))):
         if f": {name}:" in links or f": {name}@" in links:
             found.append(f"link {name}")
-    for node in NODE_NAMES:
-        if Path(f"/run/netns/{netns_name(node)}").exists():
-            found.append(f"netns {node}")
+    found += [f"netns {n.name}" for n in nodes() if n.netns.exists()]
     routes = run(["ip", "route", "show"], check=False).stdout.decode()
     found += [f"route {line}" for line in routes.splitlines() if BRIDGE in line]
     return found

@@ -3,16 +3,16 @@
 - base: the Dockerfile's `FROM` (python:3.11.7-slim-bookworm) cannot be pulled (no registry), so
   it is made locally: a debootstrap'd bookworm with Debian's python3 (rootfs tarball cached),
   imported with `podman import` under the tag the Dockerfile names.
-- operator, engine: `buildah bud --isolation chroot` of the repository's Dockerfile targets,
-  unchanged (`docker build` builds the same file). The CPU torch wheel that pip finds on this
-  machine (and its dependencies) is given to the build as a PEP 503 tree mounted read-only at
-  build time and named by TORCH_INDEX_URL=file://...; the host's CA bundle is mounted too, so
-  pip trusts the package index.
+- operator, engine, router: `buildah bud --isolation chroot` of the repository's Dockerfile
+  targets, unchanged (`docker build` builds the same file). The CPU torch wheel that pip finds on
+  this machine (and its dependencies) is given to the engine's build as a PEP 503 tree mounted
+  read-only at build time and named by TORCH_INDEX_URL=file://...; the host's CA bundle is
+  mounted too, so pip trusts the package index.
 - pause: the static `pause` from build.sh in an image FROM scratch.
 
 Each built image is saved as a docker-archive named by a hash of its inputs (the Dockerfile and
-what it copies), so a warm run neither builds nor saves; loading into a node is skipped when the
-node already holds that archive's image.
+what it copies: every source root), so a warm run neither builds nor saves; loading into a node
+is skipped when the node already holds that archive's image.
 """
 
 from __future__ import annotations
@@ -23,18 +23,22 @@ import re
 import shutil
 from pathlib import Path
 
-from cluster_common import REPO, ClusterError, cache_root, log, run, run_logged
+from shoal.devcluster.layout import REPO, cache_root
+from shoal.devcluster.procs import DevClusterError, log, run, run_logged
 
 PYTHON_BASE_TAG = "docker.io/library/python:3.11.7-slim-bookworm"
 OPERATOR_TAG = "ghcr.io/shoal-dev/shoal-operator:0.1.0"
 ENGINE_TAG = "ghcr.io/shoal-dev/shoal:0.1.0"
+ROUTER_TAG = "ghcr.io/shoal-dev/shoal-router:0.1.0"  # frontends and the gateway: no torch
 PAUSE_TAG = "localhost/shoal/pause:3.4.1"
 TORCH_VERSION = "2.13.0"
 ROOTFS_RECIPE = "1"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # What the Dockerfile copies (its build context after .dockerignore): the image's content hash.
-CONTEXT_PATHS = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "engine", "operator",
-                 "images/healthcheck.py")
+CONTEXT_PATHS = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "contract", "engine",
+                 "router", "operator", "cli", "images/healthcheck.py")
+# The Dockerfile's targets the cluster runs, by the name of the archive each is saved as.
+TARGETS = {"operator": OPERATOR_TAG, "engine": ENGINE_TAG, "router": ROUTER_TAG}
 
 
 def images_dir() -> Path:
@@ -124,7 +128,7 @@ def torch_index() -> Path:
         (root / project).mkdir(parents=True, exist_ok=True)
         os.link(wheel, root / project / wheel.name)
     if not list(root.glob("torch/torch-*.whl")):
-        raise ClusterError(f"pip download put no torch wheel in {dl}")
+        raise DevClusterError(f"pip download put no torch wheel in {dl}")
     write_index_pages(root)
     (root / ".complete").write_text("ok\n")
     return root
@@ -226,7 +230,7 @@ def build_pause(pause_bin: Path) -> Path:
 
 
 # -- into a node --------------------------------------------------------------------------------
-TAGS = {"pause": PAUSE_TAG, "operator": OPERATOR_TAG, "engine": ENGINE_TAG}
+TAGS = {"pause": PAUSE_TAG, **TARGETS}
 
 
 def node_images(sock: Path) -> set[str]:
@@ -256,19 +260,6 @@ def import_into_node(sock: Path, store: Path, archive: Path, what: str) -> None:
     marker.write_text(archive.name)
 
 
-def main() -> None:  # manual use: python3 cluster_images.py [rootfs|base|operator|engine]
-    import sys
-
-    what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    if what == "rootfs":
-        print(ensure_rootfs())
-    elif what == "base":
-        ensure_base()
-    elif what in ("operator", "engine"):
-        print(build_target(what, OPERATOR_TAG if what == "operator" else ENGINE_TAG))
-    else:
-        raise SystemExit("usage: cluster_images.py rootfs|base|operator|engine")
-
-
-if __name__ == "__main__":
-    main()
+def build_all() -> dict[str, Path]:
+    """Every target's archive by target name, each built unless cached."""
+    return {target: build_target(target, tag) for target, tag in TARGETS.items()}

@@ -14,9 +14,10 @@ import signal
 import time
 from pathlib import Path
 
-import cluster_net
-from cluster_common import NODE_NAMES, RUN_DIR, VAR_DIR, log, node_store, run, state_dir
-from cluster_node import CGROUP_FS
+from shoal.devcluster import net
+from shoal.devcluster.layout import NODE_NAMES, RUN_DIR, VAR_DIR, node_store, state_dir
+from shoal.devcluster.node import CGROUP_FS
+from shoal.devcluster.procs import log, run
 
 # Written by kubelet/containerd/CNI at fixed places; nothing else on these machines uses them.
 HOST_PATHS = (Path("/var/log/pods"), Path("/var/log/containers"),
@@ -33,7 +34,7 @@ def _node_cgroup_dirs() -> list[Path]:
     return out
 
 
-def _procs_in(cg: Path) -> set[int]:
+def procs_in(cg: Path) -> set[int]:
     pids: set[int] = set()
     for f in cg.rglob("cgroup.procs"):
         try:
@@ -43,9 +44,9 @@ def _procs_in(cg: Path) -> set[int]:
     return pids
 
 
-def _our_processes() -> set[int]:
+def our_processes() -> set[int]:
     """Processes started from our paths (containerd, shims, kubelets, kube-proxies) and every
-    process inside the nodes' cgroups (containers)."""
+    process inside the nodes' cgroups (containers); never this package's own commands."""
     pids: set[int] = set()
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -55,24 +56,25 @@ def _our_processes() -> set[int]:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(p in cmd for p in (*OUR_PREFIXES, f"{state_dir()}/")) and "cluster.py" not in cmd:
+        ours = any(p in cmd for p in (*OUR_PREFIXES, f"{state_dir()}/"))
+        if ours and "shoal.devcluster" not in cmd:
             pids.add(int(entry.name))
     for cg in _node_cgroup_dirs():
-        pids |= _procs_in(cg)
+        pids |= procs_in(cg)
     pids.discard(me)
     return pids
 
 
 def kill_processes(timeout: float = 10.0) -> int:
-    pids = _our_processes()
+    pids = our_processes()
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while _our_processes() and time.monotonic() < deadline:
-        for pid in _our_processes():
+    while our_processes() and time.monotonic() < deadline:
+        for pid in our_processes():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -155,7 +157,7 @@ def clean_all(quiet: bool = False) -> list[str]:
     release_mount_namespaces()
     unmounted = unmount_all()
     remove_cgroups()
-    cluster_net.teardown()
+    net.teardown()
     remove_paths()
     left = leftovers()
     if not quiet or killed or unmounted:
@@ -165,13 +167,9 @@ def clean_all(quiet: bool = False) -> list[str]:
 
 
 def leftovers() -> list[str]:
-    left = cluster_net.leftovers()
-    left += [f"process {pid}" for pid in _our_processes()]
+    left = net.leftovers()
+    left += [f"process {pid}" for pid in our_processes()]
     left += [f"mount {p}" for p in _mounts() if _ours(p)]
     left += [f"cgroup {c}" for c in _node_cgroup_dirs()]
     left += [f"path {p}" for p in (RUN_DIR, VAR_DIR) if p.exists()]
     return left
-
-
-def state_file() -> Path:
-    return state_dir() / "cluster.json"
