@@ -4,7 +4,7 @@ Fixtures shared by every area come from tests/support (importable as `support`, 
 `pythonpath`):
 - support.models: the project's own small models, built once per cache (`tiny_model`,
   `small_model`).
-- support.controlplane: a real kube-apiserver + etcd + controller-manager, built once per cache
+- support.control_plane: a real kube-apiserver + etcd + controller-manager, built once per cache
   and started once per session (`control_plane`).
 
 Tiers (each test gets exactly one marker; `make test-unit`, `test-process`, `test-k8s`,
@@ -18,7 +18,7 @@ Tiers (each test gets exactly one marker; `make test-unit`, `test-process`, `tes
 
 from __future__ import annotations
 
-pytest_plugins = ["support.models", "support.controlplane"]
+pytest_plugins = ["support.models", "support.control_plane"]
 
 TIERS = ("unit", "process", "k8s", "e2e")
 

@@ -15,6 +15,7 @@ MODULES = ("api", "build", "clean", "cli", "cluster", "components", "control_pla
 THIRD_PARTY = ("kubernetes", "kopf", "torch", "yaml", "httpx", "pytest", "psutil")
 
 
+@pytest.mark.process
 def test_every_module_imports_from_a_bare_python_without_third_party_packages():
     code = ("import importlib, sys\n"
             f"for m in {MODULES!r}: importlib.import_module('shoal.devcluster.' + m)\n"

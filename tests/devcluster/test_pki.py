@@ -42,6 +42,7 @@ def test_tokens_file_makes_one_admin(tmp_path: Path):
     assert (tmp_path / "tokens.csv").read_text() == 'tok,admin,admin,"system:masters"\n'
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 def test_make_pki_signs_a_serving_certificate_for_its_addresses(tmp_path: Path):
     pki.make_pki(tmp_path, ("10.213.0.1",))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from packaging_support import CHART, EXAMPLES, run
-from support.controlplane import cpmod
+from support.control_plane import cpmod
 from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
