@@ -9,16 +9,25 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from op_support import OperatorProcess, cleanup_namespace
+from kubernetes import client
 from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
+from support.builders import engine
+from support.engine_api import cleanup_namespace, create_ie, pods
+from support.operator_proc import OperatorProcess
 from support.wait import WaitTimeout, wait_for
 
 
 @pytest.fixture(scope="session")
 def kube(control_plane) -> Kube:
     return Kube(control_plane.api_client())
+
+
+@pytest.fixture(scope="session")
+def core(kube) -> client.CoreV1Api:
+    """The same connection as a typed client: what support.kubelet writes pod status with."""
+    return client.CoreV1Api(kube.api)
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +59,6 @@ def operator(control_plane, crd_installed, kube, tmp_path_factory):
     # kopf answers its liveness probe before it follows namespaces that match its pattern; a
     # namespace created in that moment was seen to be missed (issue noted in docs/operator.md).
     # A first resource, created after the start, must get its pods before any test begins.
-    from op_builders import engine
-    from op_support import create_ie, pods
-
     # The warm-up namespace can itself fall in that moment (seen once in CI, 2026-12-01): a
     # namespace the operator missed stays missed, so the next try makes a new one.
     for attempt in range(3):

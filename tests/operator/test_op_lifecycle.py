@@ -10,23 +10,23 @@ import json
 import time
 
 import pytest
-from op_builders import engine
-from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate
-from op_support import api_error, condition, create_ie, events, ie, pods
 from shoal.contract import discovery
 from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
+from support import kubelet
+from support.builders import engine
+from support.engine_api import api_error, condition, create_ie, events, ie, pods
 from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
 
 
-def _ready_all(kube, ns, name, group=None):
+def _ready_all(core, kube, ns, name, group=None):
     """Engine pods Ready, and the frontends too (a Ready resource is one a client reaches)."""
     for pod in pods(kube, ns, name, group).values():
         if not pod["metadata"].get("deletionTimestamp"):
-            set_ready(kube, ns, pod["metadata"]["name"])
-    wait_for(lambda: ready_frontends(kube, ns, name) > 0, timeout=10, what=f"frontend pods of {name}")
+            kubelet.set_ready(core, pod["metadata"]["name"], ns)
+    wait_for(lambda: kubelet.ready_frontends(core, name, ns) > 0, timeout=10, what=f"frontend pods of {name}")
 
 
 def _status(kube, ns, name):
@@ -42,7 +42,7 @@ def _wait_pods(kube, ns, name, n, group=None, timeout=20):
                     timeout=timeout, interval=0.2, what=f"{n} engine pods of {name}")
 
 
-def test_create_renders_every_child_and_reports_ready_groups(kube, ns):
+def test_create_renders_every_child_and_reports_ready_groups(kube, core, ns):
     create_ie(kube, engine("llm", ns).groups(2).ranks(2).set(frontend={"replicas": 2}).manifest())
     got = _wait_pods(kube, ns, "llm", 4)
     owner = ie(kube, ns, "llm")["metadata"]["uid"]
@@ -54,7 +54,7 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, ns):
     assert not any(k.endswith("Probe") for k in r1)
     r0 = got["llm-g1-r0"]["spec"]["containers"][0]
     assert r0["startupProbe"]["httpGet"]["path"] == "/health" and "--headless" not in r0["args"]
-    assert {"name": "SHOAL_RANK", "value": "1"} in r1["env"]
+    assert r1["args"][r1["args"].index("--node-rank") + 1] == "1"  # its place: the command line
 
     dep = wait_for(lambda: kube.get("apps/v1", "deployments", ns, "llm-frontend"), timeout=10)
     assert dep["spec"]["replicas"] == 2 and dep["metadata"]["ownerReferences"][0]["uid"] == owner
@@ -67,11 +67,11 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, ns):
     assert st["phase"] == "Progressing" and st["endpoint"] == f"http://llm.{ns}.svc:8000/v1"
     assert st["selector"] == f"{L.LABEL_ENGINE}=llm,{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
 
-    _ready_all(kube, ns, "llm", group=0)
+    _ready_all(core, kube, ns, "llm", group=0)
     wait_for(lambda: _status(kube, ns, "llm").get("ready") == "1/2", timeout=10, what="1/2 ready")
     cm = kube.get("v1", "configmaps", ns, "llm-engines")
     assert [g["group"] for g in json.loads(cm["data"][discovery.KEY])["groups"]] == [0]
-    _ready_all(kube, ns, "llm", group=1)
+    _ready_all(core, kube, ns, "llm", group=1)
     st = wait_for(lambda: (lambda s: s if s.get("phase") == "Ready" else None)(_status(kube, ns, "llm")), timeout=10)
     assert st["ready"] == "2/2" and condition({"status": st}, "Ready")["status"] == "True"
     assert st["observedGeneration"] == ie(kube, ns, "llm")["metadata"]["generation"]
@@ -128,14 +128,14 @@ def test_the_operator_refuses_an_inconsistent_spec_with_a_condition(kube, ns):
     _wait_pods(kube, ns, "tp", 2)
 
 
-def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube, ns):
+def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube, core, ns):
     create_ie(kube, engine("sc", ns).ranks(2).drain(60).manifest())
     _wait_pods(kube, ns, "sc", 2)
     kube.patch(L.API_VERSION, L.PLURAL, ns, "sc", {"spec": {"replicas": 2}}, sub="scale")
     got = _wait_pods(kube, ns, "sc", 4)
     for name in got:
-        bind(kube, ns, name)  # bound pods are deleted gracefully, as on a real node
-    _ready_all(kube, ns, "sc")
+        kubelet.bind(core, name, ns)  # bound pods are deleted gracefully, as on a real node
+    _ready_all(core, kube, ns, "sc")
     wait_for(lambda: _status(kube, ns, "sc").get("ready") == "2/2", timeout=10, what="2/2 ready")
     assert {r["node"] for g in _status(kube, ns, "sc")["groups"] for r in g["ranks"]} == {"node-a"}
     scale = kube.request("GET", f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}/sc/scale")
@@ -155,13 +155,13 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
 
     # Node 0 tells its headless node to stop when its engine ends; the kubelet may report
     # rank 1's exit before rank 0's (found on real pods). That is the stop, not a dead engine.
-    terminate(kube, ns, "sc-g1-r1", exit_code=0)
+    kubelet.set_terminated(core, "sc-g1-r1", ns, exit_code=0)
     wait_for(lambda: [r.get("phase") for r in _group(kube, ns, "sc", 1).get("ranks", [])] == ["Running", "Succeeded"],
              timeout=10, what="rank 1's exit seen by a pass")
     assert not events(kube, ns, "GroupAborted") and not events(kube, ns, "DrainFinished")
     # The kubelet: rank 0's engine exited after draining; the pod object stays a while longer.
     # The drain ends with the container, not with the pod object.
-    terminate(kube, ns, "sc-g1-r0", exit_code=0)
+    kubelet.set_terminated(core, "sc-g1-r0", ns, exit_code=0)
     # Rank 1 is released now (a pod that has ended goes at once, without a graceful wait).
     def released():
         r1 = pods(kube, ns, "sc", 1).get("sc-g1-r1")  # one read: it may go between two
@@ -170,26 +170,26 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     wait_for(released, timeout=10, what="the headless rank to be released after rank 0")
     assert len(events(kube, ns, "DrainFinished")) == 1 and "sc-g1-r0" in pods(kube, ns, "sc", 1)
     assert not events(kube, ns, "GroupAborted")
-    finish_deletion(kube, ns, "sc-g1-r0")
+    kubelet.finish_deletion(core, "sc-g1-r0", ns)
     wait_for(lambda: len(_status(kube, ns, "sc").get("groups") or []) == 1, timeout=10, what="group 1 gone")
     assert set(pods(kube, ns, "sc")) == {"sc-g0-r0", "sc-g0-r1"}
 
 
-def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating(kube, ns):
+def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating(kube, core, ns):
     """Found on a real cluster: one-rank groups never got DrainFinished, and a resource being
     deleted said Ready=True "0/0 engine groups ready"."""
     create_ie(kube, engine("one", ns).groups(2).drain(60).manifest())
     for name in _wait_pods(kube, ns, "one", 2):
-        bind(kube, ns, name)
-    _ready_all(kube, ns, "one")
+        kubelet.bind(core, name, ns)
+    _ready_all(core, kube, ns, "one")
     wait_for(lambda: _status(kube, ns, "one").get("phase") == "Ready", timeout=10)
     assert condition(ie(kube, ns, "one"), "Serving")["status"] == "True"
 
     kube.patch(L.API_VERSION, L.PLURAL, ns, "one", {"spec": {"replicas": 1}}, sub="scale")
     wait_for(lambda: events(kube, ns, "DrainStarted"), timeout=10, what="DrainStarted for group 1")
-    terminate(kube, ns, "one-g1-r0", exit_code=0)  # drained; the pod object lingers
+    kubelet.set_terminated(core, "one-g1-r0", ns, exit_code=0)  # drained; the pod object lingers
     wait_for(lambda: events(kube, ns, "DrainFinished"), timeout=10, what="DrainFinished for group 1")
-    finish_deletion(kube, ns, "one-g1-r0")
+    kubelet.finish_deletion(core, "one-g1-r0", ns)
     wait_for(lambda: len(_status(kube, ns, "one").get("groups") or []) == 1, timeout=10, what="group 1 gone")
 
     kube.delete(L.API_VERSION, L.PLURAL, ns, "one")
@@ -198,17 +198,17 @@ def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating
     assert ready["status"] == "False" and "1 engine pods left" in ready["message"]
     assert _status(kube, ns, "one")["phase"] == "Terminating"
     wait_for(lambda: len(events(kube, ns, "DrainStarted")) == 2, timeout=10, what="group 0's drain")
-    terminate(kube, ns, "one-g0-r0", exit_code=0)
+    kubelet.set_terminated(core, "one-g0-r0", ns, exit_code=0)
     wait_for(lambda: len(events(kube, ns, "DrainFinished")) == 2, timeout=10, what="group 0's DrainFinished")
-    finish_deletion(kube, ns, "one-g0-r0")
+    kubelet.finish_deletion(core, "one-g0-r0", ns)
     wait_for(lambda: ie(kube, ns, "one") is None, timeout=15, what="the resource gone")
     assert not events(kube, ns, "DrainOverdue")
 
 
-def test_a_spec_update_rolls_one_group_at_a_time(kube, ns):
+def test_a_spec_update_rolls_one_group_at_a_time(kube, core, ns):
     create_ie(kube, engine("ro", ns).groups(2).drain(0).manifest())
     _wait_pods(kube, ns, "ro", 2)
-    _ready_all(kube, ns, "ro")
+    _ready_all(core, kube, ns, "ro")
     wait_for(lambda: _status(kube, ns, "ro").get("phase") == "Ready", timeout=10)
     old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "ro").items()}
 
@@ -226,25 +226,25 @@ def test_a_spec_update_rolls_one_group_at_a_time(kube, ns):
     wait_for(lambda: _status(kube, ns, "ro").get("updatedReplicas") == 1, timeout=10)
     assert pods(kube, ns, "ro")[other]["metadata"]["uid"] == old[other]
     assert _status(kube, ns, "ro")["readyReplicas"] == 1
-    set_ready(kube, ns, first)
+    kubelet.set_ready(core, first, ns)
     wait_for(lambda: pods(kube, ns, "ro").get(other, {}).get("metadata", {}).get("uid") not in (None, old[other]),
              timeout=15, what="the second group to be recreated after the first became ready")
     assert pods(kube, ns, "ro")[other]["spec"]["containers"][0]["image"] == "shoal:v2"
-    set_ready(kube, ns, other)
+    kubelet.set_ready(core, other, ns)
     wait_for(lambda: _status(kube, ns, "ro").get("phase") == "Ready"
              and _status(kube, ns, "ro").get("updatedReplicas") == 2, timeout=10)
 
 
-def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(kube, ns):
+def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(kube, core, ns):
     create_ie(kube, engine("dr", ns).groups(2).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
     _wait_pods(kube, ns, "dr", 4)
-    _ready_all(kube, ns, "dr")
+    _ready_all(core, kube, ns, "dr")
     wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
     before = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "dr").items()}
 
     msg = encode(Cause.COLLECTIVE_TIMEOUT, "Watchdog caught collective operation timeout after 300000 ms",
                  rank=1, exit_code=1)
-    terminate(kube, ns, "dr-g1-r1", exit_code=1, message=msg)
+    kubelet.set_terminated(core, "dr-g1-r1", ns, exit_code=1, message=msg)
     lf = wait_for(lambda: _status(kube, ns, "dr").get("lastFailure"), timeout=10, what="lastFailure")
     assert lf["group"] == 1 and lf["rank"] == 1 and lf["pod"] == "dr-g1-r1" and lf["exitCode"] == 1
     assert lf["cause"] == "collective_timeout" and "Watchdog caught" in lf["message"] and not lf["permanent"]
@@ -265,28 +265,28 @@ def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(k
     assert _status(kube, ns, "dr")["restartCount"] == 1
 
     # A second death of the same group waits twice as long; an exit 0 nobody asked for counts.
-    terminate(kube, ns, "dr-g1-r0", exit_code=0)
+    kubelet.set_terminated(core, "dr-g1-r0", ns, exit_code=0)
     g = wait_for(lambda: (lambda x: x if x.get("restarts") == 2 else None)(_group(kube, ns, "dr", 1)), timeout=10)
     assert g["phase"] == "BackingOff" and "in 2s" in g["message"]
     assert _status(kube, ns, "dr")["lastFailure"]["cause"] == "unexpected_exit"
     wait_for(lambda: len(pods(kube, ns, "dr", 1)) == 2 and _group(kube, ns, "dr", 1).get("phase") == "Starting",
              timeout=15, what="group 1 recreated again after its backoff")
-    _ready_all(kube, ns, "dr", group=1)
+    _ready_all(core, kube, ns, "dr", group=1)
     wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
     assert condition(ie(kube, ns, "dr"), "EngineDead")["status"] == "False"
 
 
-def test_a_restart_happens_at_its_planned_time_not_at_a_timer_tick(kube, ns):
+def test_a_restart_happens_at_its_planned_time_not_at_a_timer_tick(kube, core, ns):
     """Found on a real cluster: a 10 s backoff took 20.5 s (the pass that planned it was not
     woken). The operator runs at its shipped timer (10 s, a full pass every 60 s): a group due
     back 4 s after its death is recreated then, by the planned wake-up, not early and not at a
     tick."""
     create_ie(kube, engine("pl", ns).restart(backoffBaseSeconds=4, backoffMaxSeconds=60).manifest())
     _wait_pods(kube, ns, "pl", 1)
-    _ready_all(kube, ns, "pl")
+    _ready_all(core, kube, ns, "pl")
     wait_for(lambda: _status(kube, ns, "pl").get("phase") == "Ready", timeout=10)
     old = pods(kube, ns, "pl")["pl-g0-r0"]["metadata"]["uid"]
-    terminate(kube, ns, "pl-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    kubelet.set_terminated(core, "pl-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
     t_death = time.monotonic()
     wait_for(lambda: (pods(kube, ns, "pl").get("pl-g0-r0") or {}).get("metadata", {}).get("uid") not in (None, old),
              timeout=9, interval=0.1, what="the group recreated at its 4 s backoff (before a 10 s tick)")
@@ -294,17 +294,17 @@ def test_a_restart_happens_at_its_planned_time_not_at_a_timer_tick(kube, ns):
     assert took >= 3.5, f"recreated {took:.1f}s after the death, before its 4 s backoff"
 
 
-def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, ns):
+def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, core, ns):
     """The dead group's ranks are deleted gracefully (bound pods: the object stays until the
     kubelet saw the container stop), and no replacement is created while an old pod of the
     same name is still there, even after the backoff is due."""
     create_ie(kube, engine("gw", ns).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
     for name in _wait_pods(kube, ns, "gw", 2):
-        bind(kube, ns, name)
-    _ready_all(kube, ns, "gw")
+        kubelet.bind(core, name, ns)
+    _ready_all(core, kube, ns, "gw")
     wait_for(lambda: _status(kube, ns, "gw").get("phase") == "Ready", timeout=10)
     old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "gw").items()}
-    terminate(kube, ns, "gw-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    kubelet.set_terminated(core, "gw-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
     # The dead rank 0 (nothing runs in it) goes at once; the live rank 1 gets SIGTERM and 10 s.
     r1 = wait_for(lambda: (lambda p: p if p and p["metadata"].get("deletionTimestamp") else None)(
         pods(kube, ns, "gw").get("gw-g0-r1")), timeout=10, what="rank 1 stopping")
@@ -316,17 +316,16 @@ def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, ns):
              timeout=10, what="the due restart waiting for rank 1")
     assert set(pods(kube, ns, "gw")) == {"gw-g0-r1"}, "no replacement beside an old rank"
     assert pods(kube, ns, "gw")["gw-g0-r1"]["metadata"]["uid"] == old["gw-g0-r1"]
-    finish_deletion(kube, ns, "gw-g0-r1")  # the kubelet: rank 1's container stopped
+    kubelet.finish_deletion(core, "gw-g0-r1", ns)  # the kubelet: rank 1's container stopped
     got = _wait_pods(kube, ns, "gw", 2)
     assert all(p["metadata"]["uid"] != old[n] for n, p in got.items())
 
 
-def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, ns):
+def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, core, ns):
     create_ie(kube, engine("pe", ns).ranks(2).restart(backoffBaseSeconds=1).manifest())
     _wait_pods(kube, ns, "pe", 2)
-    _ready_all(kube, ns, "pe")
-    terminate(kube, ns, "pe-g0-r0", exit_code=2,
-              message=encode(Cause.MODEL_NOT_FOUND, "model path /models/tiny does not exist", rank=0))
+    _ready_all(core, kube, ns, "pe")
+    kubelet.set_terminated(core, "pe-g0-r0", ns, exit_code=2, message=encode(Cause.MODEL_NOT_FOUND, "model path /models/tiny does not exist", rank=0))
     dead = wait_for(lambda: condition(ie(kube, ns, "pe"), "EngineDead").get("reason") == "PermanentError"
                     and condition(ie(kube, ns, "pe"), "EngineDead"), timeout=10, what="EngineDead PermanentError")
     assert "/models/tiny does not exist" in dead["message"] and "not restarting" in dead["message"]
@@ -351,12 +350,12 @@ def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, ns):
         timeout=15, what="the group recreated with the fixed model")
 
 
-def test_delete_drains_then_everything_is_garbage_collected(kube, ns):
+def test_delete_drains_then_everything_is_garbage_collected(kube, core, ns):
     create_ie(kube, engine("gc", ns).ranks(2).drain(5).manifest())
     got = _wait_pods(kube, ns, "gc", 2)
     for name in got:
-        bind(kube, ns, name)
-    _ready_all(kube, ns, "gc")
+        kubelet.bind(core, name, ns)
+    _ready_all(core, kube, ns, "gc")
     wait_for(lambda: kube.get("apps/v1", "deployments", ns, "gc-frontend"), timeout=10)
     kube.delete(L.API_VERSION, L.PLURAL, ns, "gc")
     wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r0", {}).get("metadata", {}).get("deletionTimestamp"),
@@ -366,10 +365,10 @@ def test_delete_drains_then_everything_is_garbage_collected(kube, ns):
     # The pass acts first and reports after: the phase may follow rank 0's delete by a moment.
     wait_for(lambda: _status(kube, ns, "gc").get("phase") == "Terminating", timeout=10,
              what="phase Terminating")
-    finish_deletion(kube, ns, "gc-g0-r0")
+    kubelet.finish_deletion(core, "gc-g0-r0", ns)
     wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r1", {}).get("metadata", {}).get("deletionTimestamp"),
              timeout=10, what="the headless rank stopped after rank 0")
-    finish_deletion(kube, ns, "gc-g0-r1")
+    kubelet.finish_deletion(core, "gc-g0-r1", ns)
     wait_for(lambda: ie(kube, ns, "gc") is None, timeout=15, what="the finalizer to be removed")
     for api, plural, name in [("apps/v1", "deployments", "gc-frontend"), ("v1", "services", "gc"),
                               ("v1", "services", "gc-ranks"), ("v1", "configmaps", "gc-engines")]:

@@ -10,14 +10,14 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 import pytest
-from op_builders import engine
 from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.actions import ApplyChildren, CreatePods, DeletePod, EmitEvent, WriteDiscovery
 from shoal.operator.observed import STALL_MARGIN_SECONDS
 from shoal.operator.plan import Memory, Observed, plan
-from shoal.operator.spec import EngineSpec
+from shoal.operator.spec import EngineRef, EngineSpec
+from support.builders import engine
 
 T0 = dt.datetime(2026, 12, 1, 10, 0, 0, tzinfo=dt.timezone.utc)
 
@@ -195,9 +195,8 @@ def _shape(actions) -> tuple:
 
 def _run(case: Case):
     body = case.spec.obj()
-    if case.deleting:
-        body["metadata"]["deletionTimestamp"] = iso(at(-1))
-    rev = render.engine_revision(body["spec"])
+    spec = EngineSpec.of(body)
+    rev = spec.revision
     by_group: dict = {}
     for p in copy.deepcopy(case.pods):
         lbl = p["metadata"]["labels"]
@@ -205,7 +204,9 @@ def _run(case: Case):
         by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
     memory = Memory(groups={m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
                             for m in case.memory})
-    return plan(EngineSpec.of(body), Observed(body=body, pods=by_group, in_flight=case.in_flight), memory, case.now)
+    observed = Observed(ref=EngineRef.of(body), pods=by_group, in_flight=case.in_flight,
+                        deleting=case.deleting)
+    return plan(spec, observed, memory, case.now)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -236,7 +237,7 @@ def test_plan_does_not_change_what_it_was_given():
     body, pods = BASE.obj(), {0: {0: pod(0, 0), 1: pod(0, 1, **OOM)}}
     memory = Memory(groups={0: {"index": 0, "phase": "Ready", "restarts": 0}})
     before = copy.deepcopy((body, pods, memory))
-    plan(EngineSpec.of(body), Observed(body=body, pods=pods), memory, T0)
+    plan(EngineSpec.of(body), Observed(ref=EngineRef.of(body), pods=pods), memory, T0)
     assert (body, pods, memory) == before
 
 

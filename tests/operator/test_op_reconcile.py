@@ -4,13 +4,14 @@ counting every write; and a real operator killed mid-way and started again."""
 from __future__ import annotations
 
 import pytest
-from op_builders import engine
-from op_kubelet import bind, ready_frontends, set_ready, terminate
-from op_support import OperatorProcess, cleanup_namespace, create_ie, ie, pods
 from shoal.contract.termination import Cause, encode
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler
+from support import kubelet
+from support.builders import engine
+from support.engine_api import cleanup_namespace, create_ie, events, ie, pods
+from support.operator_proc import OperatorProcess
 from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -25,7 +26,7 @@ def _writes(r: Reconciler) -> dict:
     return {f"{v} {p}": n for (v, p), n in r.kube.writes.items()}
 
 
-def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube):
+def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube, core):
     ns = quiet_ns
     body = create_ie(kube, engine("idem", ns).groups(2).ranks(2).manifest())
     r = _fresh(control_plane)
@@ -42,7 +43,7 @@ def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube):
     assert _writes(cold) == {}, "a restarted operator must change nothing either"
 
     for name in pods(kube, ns, "idem"):
-        set_ready(kube, ns, name)
+        kubelet.set_ready(core, name, ns)
     r.kube.writes.clear()
     r.reconcile(body)
     assert _writes(r) == {"patch configmaps": 1, "patch/status inferenceengines": 1}
@@ -51,12 +52,12 @@ def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube):
     assert _writes(r) == {}
 
 
-def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube):
+def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube, core):
     ns = quiet_ns
     body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600, backoffMaxSeconds=600).manifest())
     r = _fresh(control_plane)
     r.reconcile(body)
-    terminate(kube, ns, "once-g0-r1", exit_code=137, reason="OOMKilled")
+    kubelet.set_terminated(core, "once-g0-r1", ns, exit_code=137, reason="OOMKilled")
     r.reconcile(body)
     st = ie(kube, ns, "once")["status"]
     assert st["restartCount"] == 1 and st["lastFailure"]["cause"] == "oom_killed"
@@ -68,7 +69,7 @@ def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube):
     assert _writes(r) == {} and ie(kube, ns, "once")["status"]["restartCount"] == 1
 
 
-def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd_installed, kube, tmp_path):
+def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd_installed, kube, core, tmp_path):
     log = tmp_path / "operator.log"
     ns = control_plane.new_namespace("opr")
     op = OperatorProcess(control_plane, "opr-*", log).start()
@@ -76,10 +77,10 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         create_ie(kube, engine("rs", ns).groups(3).ranks(2).restart(backoffBaseSeconds=3).manifest())
         wait_for(lambda: len(pods(kube, ns, "rs")) == 6, timeout=20, what="6 pods")
         for name in pods(kube, ns, "rs"):
-            set_ready(kube, ns, name)
-        wait_for(lambda: ready_frontends(kube, ns, "rs") > 0, timeout=10, what="the frontend pod")
+            kubelet.set_ready(core, name, ns)
+        wait_for(lambda: kubelet.ready_frontends(core, "rs", ns) > 0, timeout=10, what="the frontend pod")
         wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("ready") == "3/3", timeout=10)
-        terminate(kube, ns, "rs-g2-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+        kubelet.set_terminated(core, "rs-g2-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
         wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("restartCount") == 1, timeout=10)
         op.stop(kill=True)  # SIGKILL mid-backoff: no chance to clean up
 
@@ -92,7 +93,7 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
             return len(now) == 6 and now
         wait_for(healed, timeout=30, what="all 6 ranks back")
         for name in pods(kube, ns, "rs"):
-            set_ready(kube, ns, name)
+            kubelet.set_ready(core, name, ns)
         st = wait_for(lambda: (lambda s: s if s.get("ready") == "3/3" else None)(ie(kube, ns, "rs").get("status") or {}),
                       timeout=15, what="3/3 ready again")
         assert st["restartCount"] == 2  # the death before the kill + the vanished rank after it
@@ -115,7 +116,7 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         ({"maxRestarts": 1, "backoffBaseSeconds": 0}, 2, "1 consecutive restarts reached restartPolicy.maxRestarts"),
     ],
 )
-def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, kube, policy, deaths, why):
+def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, kube, core, policy, deaths, why):
     ns = quiet_ns
     body = create_ie(kube, engine("lim", ns).restart(**policy).manifest())
     r = _fresh(control_plane)
@@ -125,7 +126,7 @@ def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, k
         # at the next whole second, deadlines being stored rounded up).
         wait_for(lambda: r.reconcile(body) and "lim-g0-r0" in pods(kube, ns, "lim"), timeout=10,
                  interval=0.3, what="rank 0 pod")
-        terminate(kube, ns, "lim-g0-r0", exit_code=1, message=encode(Cause.ENGINE_ERROR, f"death {death}"))
+        kubelet.set_terminated(core, "lim-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, f"death {death}"))
         r.reconcile(body)  # records the death
         if death < deaths - 1:
             wait_for(lambda: not pods(kube, ns, "lim"), timeout=10, what="the group torn down")
@@ -144,7 +145,6 @@ def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_n
     and the pass plans its next look at the deadline."""
     import datetime as dt
 
-    from op_support import events
     from shoal.operator.observed import STALL_MARGIN_SECONDS
 
     ns = quiet_ns
@@ -178,11 +178,9 @@ def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_n
     assert len(events(kube, ns, "RankWaiting")) == 1, "one Event per change of the waiting reason"
 
 
-def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, quiet_ns, kube):
+def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, quiet_ns, kube, core):
     """The spec became invalid while a group ran: nothing is created or restarted, but a rank's
     death is still recorded and reported."""
-    from op_support import events
-
     ns = quiet_ns
     body = create_ie(kube, engine("inv", ns).ranks(2).manifest())
     r = _fresh(control_plane)
@@ -191,7 +189,7 @@ def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, 
     kube.patch(L.API_VERSION, L.PLURAL, ns, "inv", {"spec": {"tensorParallelSize": 3}})
     r.reconcile(body)
     assert ie(kube, ns, "inv")["status"]["conditions"][0]["status"] == "False"  # SpecValid
-    terminate(kube, ns, "inv-g0-r1", exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=1))
+    kubelet.set_terminated(core, "inv-g0-r1", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=1))
     r.reconcile(body)
     st = ie(kube, ns, "inv")["status"]
     assert st["lastFailure"]["pod"] == "inv-g0-r1" and st["lastFailure"]["cause"] == "engine_error"
@@ -201,7 +199,7 @@ def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, 
     assert set(pods(kube, ns, "inv")) == {"inv-g0-r0", "inv-g0-r1"}, "nothing deleted or created"
 
 
-def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, kube):
+def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, kube, core):
     """The in-flight count of a draining rank 0 (read by the drain probes, injected here) is in
     the group's message: one status write when it changes, none while it stays."""
     ns = quiet_ns
@@ -210,12 +208,13 @@ def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, k
     r = Reconciler(Kube(control_plane.api_client()), in_flight=lambda namespace, name: dict(counts))
     r.reconcile(body)
     for name in wait_for(lambda: (lambda p: p if len(p) == 4 else None)(pods(kube, ns, "dr")), timeout=10):
-        bind(kube, ns, name)  # a bound pod is deleted gracefully: rank 0 stays while it drains
-        set_ready(kube, ns, name)
+        kubelet.bind(core, name, ns)  # a bound pod is deleted gracefully: rank 0 stays while it drains
+        kubelet.set_ready(core, name, ns)
     r.reconcile(body)
     kube.patch(L.API_VERSION, L.PLURAL, ns, "dr", {"spec": {"replicas": 1}})
     out = r.reconcile(body)
-    assert out.drain_probes == {1: f"http://10.244.0.10:{L.HTTP_PORT}/metrics"}
+    rank0_ip = pods(kube, ns, "dr")["dr-g1-r0"]["status"]["podIP"]  # as the kubelet reported it
+    assert out.drain_probes == {1: f"http://{rank0_ip}:{L.HTTP_PORT}/metrics"}
 
     def group1():
         return next(g for g in ie(kube, ns, "dr")["status"]["groups"] if g["index"] == 1)
@@ -228,7 +227,7 @@ def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, k
         assert group1()["message"].startswith(f"draining: {n} requests in flight")
 
 
-def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plane, crd_installed, kube, tmp_path):
+def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plane, crd_installed, kube, core, tmp_path):
     """The operator process counts its own reads: a create -> Ready takes several passes, none
     of which LISTs pods (kopf's index holds them); each still GETs the resource (its memory)."""
     import json
@@ -239,7 +238,7 @@ def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plan
     try:
         create_ie(kube, engine("ix", ns).ranks(2).manifest())
         for name in wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(kube, ns, "ix")), timeout=30):
-            set_ready(kube, ns, name)
+            kubelet.set_ready(core, name, ns)
         wait_for(lambda: ((ie(kube, ns, "ix").get("status") or {}).get("groups") or [{}])[0].get("phase") == "Ready",
                  timeout=20, what="group 0 Ready")
     finally:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from op_builders import engine
 from shoal.contract import discovery
+from shoal.contract.env import TERMINATION_LOG
 from shoal.operator import labels as L
 from shoal.operator import render
+from shoal.operator.spec import ROUTER_IMAGE, EngineRef, EngineSpec, parse
 from shoal.operator.validation import spec_problems
+from support.builders import engine
+
+
+def _problems(name: str, spec: dict) -> list[str]:
+    return spec_problems(name, EngineSpec.of({"spec": spec}))
 
 
 def _by_kind(objs):
@@ -29,7 +35,7 @@ def _flag(args, name):
 
 def test_every_child_is_owned_by_the_engine_and_labelled():
     body = engine().groups(2).ranks(2).obj()
-    for obj in render.render_children(body):
+    for obj in render.render_children(*parse(body)):
         meta = obj["metadata"]
         assert meta["ownerReferences"] == [{"apiVersion": L.API_VERSION, "kind": L.KIND, "name": "llm",
                                             "uid": body["metadata"]["uid"], "controller": True,
@@ -38,7 +44,7 @@ def test_every_child_is_owned_by_the_engine_and_labelled():
 
 
 def test_one_pod_per_rank_per_group_with_stable_names():
-    kinds = _by_kind(render.render_children(engine().groups(3).ranks(2).obj()))
+    kinds = _by_kind(render.render_children(*parse(engine().groups(3).ranks(2).obj())))
     names = sorted(p["metadata"]["name"] for p in kinds["Pod"])
     assert names == [f"llm-g{g}-r{r}" for g in range(3) for r in range(2)]
     assert {k: len(v) for k, v in kinds.items() if k != "Pod"} == {
@@ -56,7 +62,7 @@ def test_one_pod_per_rank_per_group_with_stable_names():
 )
 def test_rank_command_lines_and_probes(rank, headless, has_http, probes):
     body = engine("llm", "team").ranks(4, tp=8).drain(45).set(masterPort=29600).obj()
-    pod = render.engine_pod(body, group=1, rank=rank)
+    pod = render.engine_pod(*parse(body), group=1, rank=rank)
     c = _container(pod)
     args = c["args"]
     # No command: the image entrypoint (tini -> shoal) stays PID 1.
@@ -73,31 +79,34 @@ def test_rank_command_lines_and_probes(rank, headless, has_http, probes):
     assert pod["spec"]["restartPolicy"] == "Never"
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # A rank's place in its group is its command line (above); the environment holds only
+    # what the engine reads (shoal.contract.env) and the pod's downward-API identity.
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["SHOAL_RANK"] == str(rank) and env["SHOAL_GROUP"] == "1" and env["SHOAL_GROUP_SIZE"] == "4"
+    assert set(env) == {TERMINATION_LOG, "POD_NAME", "POD_NAMESPACE", "NODE_NAME"}
+    assert env[TERMINATION_LOG] == c["terminationMessagePath"]
 
 
 def test_a_single_rank_group_gets_no_multi_node_flags():
-    args = _container(render.engine_pod(engine().obj(), 0, 0))["args"]
+    args = _container(render.engine_pod(*parse(engine().obj()), 0, 0))["args"]
     assert not {"--headless", "--nnodes", "--node-rank", "--master-addr"} & set(args)
 
 
 @pytest.mark.parametrize("timeout, grace", [(0, 15), (30, 45), (600, 615)])
 def test_grace_period_covers_the_drain_plus_a_margin(timeout, grace):
     body = engine().drain(timeout).obj()
-    assert render.engine_pod(body, 0, 0)["spec"]["terminationGracePeriodSeconds"] == grace
-    assert render.frontend_deployment(body)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    assert render.engine_pod(*parse(body), 0, 0)["spec"]["terminationGracePeriodSeconds"] == grace
+    assert render.frontend_deployment(*parse(body))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
 
 
 def test_startup_probe_budget_follows_the_startup_timeout_not_a_fixed_delay():
     body = engine().set(engine={"startupTimeoutSeconds": 1805}).obj()
-    probe = _container(render.engine_pod(body, 0, 0))["startupProbe"]
+    probe = _container(render.engine_pod(*parse(body), 0, 0))["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= 1805 and "initialDelaySeconds" not in probe
 
 
 def test_stock_vllm_runtime_uses_the_same_flags():
     body = engine().ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0").obj()
-    c = _container(render.engine_pod(body, 0, 1))
+    c = _container(render.engine_pod(*parse(body), 0, 1))
     assert c["command"] == ["vllm"] and "--headless" in c["args"]
     # (tests/operator/test_op_vllm_cli.py feeds these command lines to vLLM's own parser)
 
@@ -115,22 +124,23 @@ def test_stock_vllm_runtime_uses_the_same_flags():
 )
 def test_vllm_gets_the_drain_flag_only_from_the_release_that_has_it(fields, drains):
     body = engine().drain(60).set(runtime="VLLM", **fields).obj()
-    args = _container(render.engine_pod(body, 0, 0))["args"]
+    args = _container(render.engine_pod(*parse(body), 0, 0))["args"]
     assert (_flag(args, "--shutdown-timeout") == "60") is drains
     assert ("--shutdown-timeout" in args) is drains
     # The drain is bounded by the grace period either way.
-    assert render.engine_pod(body, 0, 0)["spec"]["terminationGracePeriodSeconds"] == 60 + render.SHUTDOWN_MARGIN_SECONDS
+    assert render.engine_pod(*parse(body), 0, 0)["spec"]["terminationGracePeriodSeconds"] == 60 + render.SHUTDOWN_MARGIN_SECONDS
 
 
-def test_frontends_of_a_vllm_runtime_run_a_shoal_image():
-    from shoal.operator.spec import DEFAULTS
+def test_frontends_run_the_router_image_whatever_the_runtime():
+    def image(body):
+        (c,) = render.frontend_deployment(*parse(body))["spec"]["template"]["spec"]["containers"]
+        return c["image"]
 
     vllm = engine().set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0").obj()
-    image = lambda body: render.frontend_deployment(body)["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
-    assert image(vllm) == DEFAULTS["image"]
+    assert image(vllm) == ROUTER_IMAGE
     vllm["spec"]["frontend"] = {"image": "shoal:fe"}
     assert image(vllm) == "shoal:fe"
-    assert image(engine().obj()) == "shoal:test", "a Shoal runtime's frontends run spec.image"
+    assert image(engine().obj()) == ROUTER_IMAGE, "a Shoal runtime's frontends run the router"
 
 
 def test_user_args_env_resources_and_model_volume_reach_every_rank():
@@ -139,7 +149,7 @@ def test_user_args_env_resources_and_model_volume_reach_every_rank():
                 "resources": {"limits": {"nvidia.com/gpu": 8}}},
         modelVolume={"mountPath": "/weights", "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
     ).obj()
-    for pod in render.group_pods(body, 0):
+    for pod in render.group_pods(*parse(body), 0):
         c = _container(pod)
         assert c["args"][-2:] == ["--max-model-len", "4096"]
         assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
@@ -150,36 +160,36 @@ def test_user_args_env_resources_and_model_volume_reach_every_rank():
 
 def test_frontend_serves_port_8000_and_reads_the_discovery_file():
     body = engine().set(frontend={"replicas": 3}).obj()
-    dep = render.frontend_deployment(body)
+    dep = render.frontend_deployment(*parse(body))
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert dep["spec"]["replicas"] == 3
     assert _flag(c["args"], "--engine-discovery-file") == f"{discovery.MOUNT_DIR}/{discovery.KEY}"
-    svc = render.frontend_service(body)
+    svc = render.frontend_service(EngineRef.of(body))
     assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == dep["spec"]["template"]["metadata"]["labels"]
 
 
 def test_discovery_lists_only_the_ready_groups_by_stable_rank0_address():
     body = engine("llm", "prod").groups(3).obj()
-    data = json.loads(render.discovery_configmap(body, [2, 0])["data"][discovery.KEY])
+    data = json.loads(render.discovery_configmap(*parse(body), [2, 0])["data"][discovery.KEY])
     assert data == {"model": "tiny", "groups": [
         {"group": 0, "url": "http://llm-g0-r0.llm-ranks.prod.svc:8000"},
         {"group": 2, "url": "http://llm-g2-r0.llm-ranks.prod.svc:8000"}]}
 
 
 def test_headless_service_publishes_not_ready_ranks():
-    svc = render.ranks_service(engine().obj())
+    svc = render.ranks_service(*parse(engine().obj()))
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
 
 
 @pytest.mark.parametrize("api", ["policy/v1", "policy/v1beta1"])
 def test_pdb_follows_the_discovered_api_version(api):
-    kinds = _by_kind(render.render_children(engine().obj(), pdb_api_version=api))
+    kinds = _by_kind(render.render_children(*parse(engine().obj()), pdb_api_version=api))
     assert kinds["PodDisruptionBudget"][0]["apiVersion"] == api
 
 
 def test_no_pdb_when_the_server_has_no_policy_api():
-    assert "PodDisruptionBudget" not in _by_kind(render.render_children(engine().obj(), pdb_api_version=None))
+    assert "PodDisruptionBudget" not in _by_kind(render.render_children(*parse(engine().obj()), pdb_api_version=None))
 
 
 @pytest.mark.parametrize(
@@ -197,12 +207,12 @@ def test_no_pdb_when_the_server_has_no_policy_api():
 def test_only_engine_fields_change_the_revision(change, rolls):
     before = engine().obj()
     after = engine().set(**change).obj()
-    assert (render.engine_revision(before["spec"]) != render.engine_revision(after["spec"])) is rolls
+    assert (EngineSpec.of(before).revision != EngineSpec.of(after).revision) is rolls
 
 
 def test_rendering_is_deterministic():
     body = engine().groups(2).ranks(2).obj()
-    assert render.render_children(body) == render.render_children(body)
+    assert render.render_children(*parse(body)) == render.render_children(*parse(body))
 
 
 @pytest.mark.parametrize(
@@ -225,12 +235,12 @@ def test_rendering_is_deterministic():
     ],
 )
 def test_cross_field_problems_say_what_to_fix(name, spec, problem):
-    problems = spec_problems(name, spec)
+    problems = _problems(name, spec)
     assert any(problem in p for p in problems), problems
 
 
 def test_a_valid_spec_has_no_problems():
-    assert spec_problems("llm", engine().ranks(2, tp=8).obj()["spec"]) == []
+    assert _problems("llm", engine().ranks(2, tp=8).obj()["spec"]) == []
 
 
 @pytest.mark.parametrize("fields", [
@@ -242,7 +252,7 @@ def test_a_valid_spec_has_no_problems():
     {"image": "localhost:5000/vllm-openai", "runtimeVersion": "0.18.1"},
 ])
 def test_a_vllm_image_with_a_known_release_is_valid(fields):
-    assert spec_problems("llm", {"model": "m", "runtime": "VLLM", **fields}) == []
+    assert _problems("llm", {"model": "m", "runtime": "VLLM", **fields}) == []
 
 
 @pytest.mark.parametrize("nodes, rank", [(1, 0), (2, 0), (2, 1), (4, 3)])
@@ -252,7 +262,7 @@ def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
     from shoal.engine.entrypoints import serve
 
     body = engine().ranks(nodes).drain(30).set(engine={"extraArgs": ["--max-model-len", "512"]}).obj()
-    args = _container(render.engine_pod(body, 0, rank))["args"]
+    args = _container(render.engine_pod(*parse(body), 0, rank))["args"]
     assert args[0] == "serve"
     parsed = serve.build_parser().parse_args(args[1:])
     assert (parsed.nnodes, parsed.node_rank, parsed.headless) == (nodes, rank, rank > 0)
@@ -262,12 +272,12 @@ def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
 
 
 def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not():
-    multi = _by_kind(render.render_children(engine().groups(2).ranks(2).obj()))["Pod"]
+    multi = _by_kind(render.render_children(*parse(engine().groups(2).ranks(2).obj())))["Pod"]
     for pod in multi:
         (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"][L.LABEL_GROUP] == pod["metadata"]["labels"][L.LABEL_GROUP]
-    single = _by_kind(render.render_children(engine().groups(2).ranks(1).obj()))["Pod"]
+    single = _by_kind(render.render_children(*parse(engine().groups(2).ranks(1).obj())))["Pod"]
     assert all("affinity" not in p["spec"] for p in single)
 
 
@@ -279,7 +289,7 @@ def test_the_frontends_routing_reaches_the_router_as_it_reads_it(monkeypatch):
 
     for routing in ("least-outstanding", "prefix-affinity"):
         body = engine("fr", "ns").set(frontend={"routing": routing}).obj()
-        (c,) = render.frontend_deployment(body)["spec"]["template"]["spec"]["containers"]
+        (c,) = render.frontend_deployment(*parse(body))["spec"]["template"]["spec"]["containers"]
         for var in c["env"]:
             if "value" in var:
                 monkeypatch.setenv(var["name"], var["value"])

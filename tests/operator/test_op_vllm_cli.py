@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
-from op_builders import engine
-from op_support import create_ie, ie, pods
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler
+from shoal.operator.spec import parse
 from shoal.operator.vllm_version import TESTED_VERSION
+from support.builders import engine
+from support.engine_api import create_ie, ie, pods
 from support.vllm_cli import ensure_vllm_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -62,7 +63,7 @@ CASES = {
 def vllm_parsed() -> dict[str, dict]:
     """Every case's rendered pod and what vLLM's parser made of its command line (one parser
     process for all of them: importing vLLM's CLI is the slow part)."""
-    pods_ = {name: render.engine_pod(body, g, r) for name, (body, g, r) in CASES.items()}
+    pods_ = {name: render.engine_pod(*parse(body), g, r) for name, (body, g, r) in CASES.items()}
     controls = {"unknown-flag": ["serve", "m", "--no-such-flag"],
                 "bad-value": ["serve", "m", "--shutdown-timeout", "soon"]}
     argvs = [p["spec"]["containers"][0]["args"] for p in pods_.values()] + list(controls.values())

@@ -123,6 +123,7 @@ def _kept(job: dict, meta: dict) -> bool:
 
 def test_scrape_configuration_keeps_exactly_the_rank0_pods_the_operator_renders(helm_template):
     from shoal.operator import render
+    from shoal.operator.spec import parse
 
     body = {"apiVersion": "shoal.dev/v1alpha1", "kind": "InferenceEngine",
             "metadata": {"name": "llm", "namespace": "prod", "uid": "u"},
@@ -130,15 +131,15 @@ def test_scrape_configuration_keeps_exactly_the_rank0_pods_the_operator_renders(
     cfg = yaml.safe_load((AUTOSCALING / "prometheus-scrape.yaml").read_text())
     (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "shoal-engines"]
     for group in (0, 1):
-        rank0, rank1 = render.group_pods(body, group)
+        rank0, rank1 = render.group_pods(*parse(body), group)
         assert _kept(job, _meta(rank0)) and not _kept(job, _meta(rank1))
     # The chart's PodMonitor selects the same pods, on the same port.
     objs = helm_template("--set", "monitoring.serviceMonitor.enabled=true")
     (pm,) = [o for o in objs if o["kind"] == "PodMonitor"]
-    rank0 = render.engine_pod(body, 0, 0)
+    rank0 = render.engine_pod(*parse(body), 0, 0)
     labels = rank0["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
-    assert not all(render.engine_pod(body, 0, 1)["metadata"]["labels"].get(k) == v
+    assert not all(render.engine_pod(*parse(body), 0, 1)["metadata"]["labels"].get(k) == v
                    for k, v in pm["spec"]["selector"]["matchLabels"].items())
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in [p["name"] for p in rank0["spec"]["containers"][0]["ports"]]

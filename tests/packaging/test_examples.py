@@ -103,10 +103,11 @@ def test_built_in_objects_in_examples_are_valid_kubernetes(path):
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: p.name)
 def test_children_rendered_from_example_are_valid_kubernetes(path):
     from shoal.operator.render import render_children
+    from shoal.operator.spec import parse
 
     for obj in load_all(path):
         body = stored(obj)
-        children = render_children(body)
+        children = render_children(*parse(body))
         spec = body["spec"]
         pods = [c for c in children if c["kind"] == "Pod"]
         assert len(pods) == spec["replicas"] * spec["nodesPerGroup"]
@@ -124,12 +125,13 @@ def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
     included); the engine's own argument parser must accept every one of them."""
     from shoal.engine.entrypoints.serve import build_parser
     from shoal.operator.render import render_children
+    from shoal.operator.spec import parse
 
     for obj in load_all(path):
         body = stored(obj)
         if body["spec"]["runtime"] != "Shoal":
             continue  # stock `vllm serve` parses these
-        for pod in (c for c in render_children(body) if c["kind"] == "Pod"):
+        for pod in (c for c in render_children(*parse(body)) if c["kind"] == "Pod"):
             (container,) = pod["spec"]["containers"]
             args = container["args"]
             assert args[0] == "serve", args

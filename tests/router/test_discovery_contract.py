@@ -7,6 +7,7 @@ import pytest
 from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
+from shoal.operator.spec import EngineRef, parse
 from shoal.router.discovery import DiscoveryWatcher, Group, parse_discovery
 
 
@@ -18,7 +19,7 @@ def _body(name: str = "llm", ns: str = "prod", replicas: int = 3) -> dict:
 
 @pytest.mark.parametrize("ready", [[], [0], [0, 2], [2, 1, 0]])
 def test_rendered_configmap_parses_into_the_ready_groups(ready):
-    cm = render.discovery_configmap(_body(), ready)
+    cm = render.discovery_configmap(*parse(_body()), ready)
     found = parse_discovery(cm["data"][discovery.KEY])
     assert found.model == "tiny"
     assert found.groups == tuple(
@@ -29,19 +30,20 @@ def test_the_frontend_mounts_and_watches_what_the_operator_writes(tmp_path):
     """The frontend Deployment's discovery path/env point at the ConfigMap the operator writes;
     the watcher reads the rendered data from that path."""
     body = _body()
-    dep = render.frontend_deployment(body)
+    dep = render.frontend_deployment(*parse(body))
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     path = container["args"][container["args"].index("--engine-discovery-file") + 1]
     (mount,) = container["volumeMounts"]
     (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    cm = render.discovery_configmap(body, [1])
+    cm = render.discovery_configmap(*parse(body), [1])
     assert vol["configMap"]["name"] == cm["metadata"]["name"]
     assert path == f"{mount['mountPath']}/{discovery.KEY}"
     env = {e["name"]: e for e in container["env"]}
     assert env["SHOAL_DISCOVERY_CONFIGMAP"]["value"] == cm["metadata"]["name"]
-    assert pod["serviceAccountName"] == render.frontend_role_binding(body)["subjects"][0]["name"]
-    (rule,) = render.frontend_role(body)["rules"]
+    binding = render.frontend_role_binding(EngineRef.of(body))
+    assert pod["serviceAccountName"] == binding["subjects"][0]["name"]
+    (rule,) = render.frontend_role(EngineRef.of(body))["rules"]
     assert rule["resourceNames"] == [cm["metadata"]["name"]] and "watch" in rule["verbs"]
 
     local = tmp_path / discovery.KEY
@@ -60,7 +62,7 @@ def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
     from shoal.router.fleet import Fleet
     from shoal.router.fleet_sources import LABEL_ENGINE, SELECTOR, ConfigMapsSource
 
-    cm = render.discovery_configmap(_body("llm", "prod"), [0, 2])
+    cm = render.discovery_configmap(*parse(_body("llm", "prod")), [0, 2])
     labels = cm["metadata"]["labels"]
     wanted = dict(term.split("=", 1) for term in SELECTOR.split(","))
     assert wanted.items() <= labels.items() and LABEL_ENGINE == L.LABEL_ENGINE
@@ -74,5 +76,6 @@ def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
          Group(2, "http://llm-g2-r0.llm-ranks.prod.svc:8000", "prod/llm")), "tiny")
     assert fleet.models() == {"tiny": ["prod/llm"]}
     # The discovery ConfigMap is the only ConfigMap the operator makes for an engine.
-    cms = [o for o in render.render_children(_body("llm", "prod")) if o["kind"] == "ConfigMap"]
+    children = render.render_children(*parse(_body("llm", "prod")))
+    cms = [o for o in children if o["kind"] == "ConfigMap"]
     assert [c["metadata"]["name"] for c in cms] == [discovery.configmap_name("llm")]

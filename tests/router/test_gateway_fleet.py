@@ -32,6 +32,7 @@ from router_helpers import (
 from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
+from shoal.operator.spec import parse
 
 
 def _body(name: str, replicas: int) -> dict:
@@ -71,7 +72,7 @@ def discovery_dir(fleet):
     d = tmp / "discovery"
     d.mkdir()
     for name, groups in engines.items():
-        rendered = render.discovery_data(_body(name, len(groups)), list(groups))
+        rendered = render.discovery_data(*parse(_body(name, len(groups))), list(groups))
         write_atomically(d / f"{name}.json", local_discovery(rendered[discovery.KEY], groups))
     return d
 

@@ -6,21 +6,18 @@ tests/router/test_gateway_fleet.py sends traffic."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 import yaml
+from kubernetes import client
 from router_helpers import GatewayProcess, wait_for
 from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "operator"))
-from op_builders import engine  # noqa: E402
-from op_kubelet import set_ready  # noqa: E402
-from op_support import OperatorProcess, cleanup_namespace, create_ie, pods  # noqa: E402
+from support import kubelet
+from support.builders import engine
+from support.engine_api import cleanup_namespace, create_ie, pods
+from support.operator_proc import OperatorProcess
 
 pytestmark = pytest.mark.k8s
 
@@ -78,7 +75,7 @@ def test_two_inference_engines_appear_in_the_gateways_models(control_plane, setu
         assert _models(gw) == []  # no group is Ready yet: nothing is served
         for name in ("alpha", "beta"):
             for pod in pods(kube, ns, name):
-                set_ready(kube, ns, pod)
+                kubelet.set_ready(client.CoreV1Api(kube.api), pod, ns)
         wait_for(lambda: _models(gw) == ["alpha-model", "beta-model"], 30,
                  "both models in the gateway's /v1/models",
                  detail=lambda: f"{_models(gw)}\n{gw.log()[-1500:]}\n{op.tail(20)}")

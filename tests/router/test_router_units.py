@@ -123,9 +123,11 @@ def test_router_without_discovery_file_is_a_usage_error(argv):
 
 def test_the_operators_frontend_command_line_selects_the_router():
     from shoal.operator.render import frontend_args
+    from shoal.operator.spec import EngineSpec
     from shoal.router.main import build_parser
 
-    argv = frontend_args({"model": "/models/tiny", "servedModelName": "shoal-tiny"})
+    spec = EngineSpec.of({"spec": {"model": "/models/tiny", "servedModelName": "shoal-tiny"}})
+    argv = frontend_args(spec)
     assert argv[0] == "router"
     args = build_parser().parse_args(argv[1:])
     assert args.engine_discovery_file.endswith("/engines.json") and args.model == "/models/tiny"

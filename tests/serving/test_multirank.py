@@ -216,6 +216,7 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
     group (only what a pod would resolve differently is substituted: the model's mount path, the
     rank-0 DNS name, the ports)."""
     from shoal.operator import render
+    from shoal.operator.spec import parse
     from support.net import free_port
     from support.servers import ServerProcess
 
@@ -231,7 +232,7 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
     procs = []
     try:
         for rank in (1, 0):
-            args = [subst.get(a, a) for a in render.engine_args(body, 0, rank)]
+            args = [subst.get(a, a) for a in render.engine_args(*parse(body), 0, rank)]
             env_r = {**env, "SHOAL_TERMINATION_LOG": str(tmp_path / f"term-{rank}")}
             p = ServerProcess([sys.executable, "-m", "shoal.cli", *args],
                               tmp_path / f"rank{rank}.log", env_r, None)

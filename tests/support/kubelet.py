@@ -1,14 +1,18 @@
-"""Play the kubelet: write pod status the way a kubelet would, through the pods/status subresource.
+"""Play the kubelet (and the scheduler): the suite's one fake kubelet, for the control-plane,
+operator and gateway tests and the operator benchmark.
 
 Why: the test control plane has no kubelet, scheduler or container runtime, so pods stay Pending
 with an empty status. Tests that need "the container is running and ready" or "the container
-died with exit code 1 and this termination message" write that status here; the operator and the
-StatefulSet controller then see exactly what they would see on a real node.
+died with exit code 1 and this termination message" write that status here, through the
+pods/status subresource; the operator and the StatefulSet controller then see exactly what they
+would see on a real node.
 
-Pods are never bound to a node, so deleting one removes it at once (the API server skips graceful
-deletion for unscheduled pods), which is what tests of restarts want.
+An unbound pod is removed at once when deleted (the API server skips graceful deletion for
+unscheduled pods), which is what tests of restarts want; `bind` a pod to a (fake) node to make
+its deletion graceful, then `finish_deletion` as the kubelet does once the container stopped.
 
-All functions take a `kubernetes.client.CoreV1Api` and return the updated V1Pod.
+All functions take a `kubernetes.client.CoreV1Api` and the pod's name and namespace; those that
+write status return the updated V1Pod.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from shoal.contract.labels import COMPONENT_FRONTEND, LABEL_COMPONENT, LABEL_ENGINE
 
 FAKE_NODE_IP = "10.244.0.1"
 
@@ -271,3 +276,37 @@ def set_waiting(
         "containerStatuses": statuses,
     }
     return _patch(core, pod, status)
+
+
+def bind(core: client.CoreV1Api, name: str, namespace: str, node: str = "node-a") -> None:
+    """What the scheduler does: a bound pod is deleted gracefully (it waits for its kubelet)."""
+    body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    # The client cannot read the Binding the server answers with: the raw response is enough.
+    core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+
+
+def finish_deletion(core: client.CoreV1Api, name: str, namespace: str) -> None:
+    """The kubelet's last step after the container stopped: remove the pod object."""
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def frontend_pods(core: client.CoreV1Api, engine: str, namespace: str) -> list[client.V1Pod]:
+    """An InferenceEngine's frontend pods (made by the real ReplicaSet controller), not stopping."""
+    selector = f"{LABEL_ENGINE}={engine},{LABEL_COMPONENT}={COMPONENT_FRONTEND}"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def ready_frontends(core: client.CoreV1Api, engine: str, namespace: str,
+                    ready: bool = True) -> int:
+    """Report every frontend pod of `engine` Ready (its /health answered: it reaches a group);
+    how many there were."""
+    fes = frontend_pods(core, engine, namespace)
+    for p in fes:
+        set_running(core, p.metadata.name, namespace, ready=ready)
+    return len(fes)

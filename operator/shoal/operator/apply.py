@@ -19,7 +19,7 @@ from shoal.operator.actions import (
     WriteDiscovery,
 )
 from shoal.operator.kube import PLURALS, Kube
-from shoal.operator.observed import ref
+from shoal.operator.spec import EngineRef, EngineSpec
 
 log = logging.getLogger("shoal.operator.apply")
 
@@ -27,6 +27,8 @@ SINGLETON_CACHE_SECONDS = 60.0
 # A pass reading pods from the index may not see its own delete of a moment ago yet (the watch
 # event is on its way): the same delete is not sent again within this time.
 RECENT_DELETE_SECONDS = 10.0
+# What a changed singleton's patch carries besides its labels and annotations.
+PATCHED_PARTS = ("spec", "data", "rules", "subjects")
 
 
 class Applier:
@@ -49,55 +51,44 @@ class Applier:
                 self._pdb = None
         return self._pdb or None
 
-    def apply(self, body: dict, actions: tuple[Action, ...]) -> None:
+    def apply(self, ref: EngineRef, spec: EngineSpec, actions: tuple[Action, ...]) -> None:
         for action in actions:
-            self.one(body, action)
+            self.one(ref, spec, action)
 
-    def one(self, body: dict, action: Action) -> None:
+    def one(self, ref: EngineRef, spec: EngineSpec, action: Action) -> None:
         if isinstance(action, ApplyChildren):
-            self._children(body, action.serving)
+            for obj in render.singletons(ref, spec, list(action.serving), self.pdb_api_version()):
+                self._object(ref, obj)
         elif isinstance(action, WriteDiscovery):
-            self._object(body, render.discovery_configmap(body, list(action.groups)))
+            self._object(ref, render.discovery_configmap(ref, spec, list(action.groups)))
         elif isinstance(action, CreatePods):
-            for pod in render.group_pods(body, action.group):
+            for pod in render.group_pods(ref, spec, action.group):
                 if int(pod["metadata"]["labels"][L.LABEL_RANK]) in action.ranks:
                     self.kube.create(pod)
-            log.info("%s group %d: created ranks %s at revision %s", ref(body), action.group,
-                     ",".join(map(str, action.ranks)), render.engine_revision(render.spec_of(body)))
+            log.info("%s group %d: created ranks %s at revision %s", ref, action.group,
+                     ",".join(map(str, action.ranks)), spec.revision)
         elif isinstance(action, DeletePod):
-            self._delete(body, action)
+            self._delete(ref, action)
         elif isinstance(action, EmitEvent):
-            events.emit(self.kube, body, action.type, action.reason, action.message)
+            events.emit(self.kube, ref, action.type, action.reason, action.message)
         else:  # pragma: no cover - a new action type without its writer
             raise TypeError(f"no writer for {action!r}")
 
-    def _delete(self, body: dict, action: DeletePod) -> None:
+    def _delete(self, ref: EngineRef, action: DeletePod) -> None:
         now, key = time.monotonic(), (action.uid or action.pod, action.grace)
         if now - self._deleted.get(key, float("-inf")) < RECENT_DELETE_SECONDS:
             return
-        self.kube.delete("v1", "pods", body["metadata"]["namespace"], action.pod,
-                         grace_seconds=action.grace, uid=action.uid)
-        self._deleted = {k: t for k, t in self._deleted.items() if now - t < RECENT_DELETE_SECONDS}
+        self.kube.delete("v1", "pods", ref.namespace, action.pod, grace_seconds=action.grace,
+                         uid=action.uid)
+        self._deleted = {k: t for k, t in self._deleted.items()
+                         if now - t < RECENT_DELETE_SECONDS}
         self._deleted[key] = now
 
-    def _children(self, body: dict, serving: tuple[int, ...]) -> None:
-        """In dependency order: what the frontend pods mount and read (ServiceAccount, Role,
-        the discovery ConfigMap) exists before the Deployment that creates them."""
-        objs = [render.frontend_service_account(body), render.frontend_role(body),
-                render.frontend_role_binding(body), render.discovery_configmap(body, list(serving)),
-                render.ranks_service(body), render.frontend_deployment(body),
-                render.frontend_service(body)]
-        pdb = self.pdb_api_version()
-        if pdb:
-            objs.append(render.pod_disruption_budget(body, pdb))
-        for obj in objs:
-            self._object(body, obj)
-
-    def _object(self, body: dict, obj: dict) -> None:
+    def _object(self, ref: EngineRef, obj: dict) -> None:
         """Create when absent; merge-patch when the rendered hash changed; else write nothing."""
         meta = obj["metadata"]
         want = meta["annotations"][L.ANNOTATION_SPEC_HASH]
-        key = (obj["kind"], meta["namespace"], meta["name"], body["metadata"]["uid"])
+        key = (obj["kind"], meta["namespace"], meta["name"], ref.uid)
         cached = self._applied.get(key)
         if cached and cached[0] == want and time.monotonic() - cached[1] < SINGLETON_CACHE_SECONDS:
             return
@@ -107,6 +98,6 @@ class Applier:
             self.kube.create(obj)
         elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
             patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
-            patch.update({k: v for k, v in obj.items() if k in ("spec", "data", "rules", "subjects")})
+            patch.update({k: v for k, v in obj.items() if k in PATCHED_PARTS})
             self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
         self._applied[key] = (want, time.monotonic())

@@ -10,7 +10,7 @@ from shoal.operator import labels as L
 from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
 from shoal.operator.phases import GroupStage
-from shoal.operator.spec import EngineSpec
+from shoal.operator.spec import EngineRef, EngineSpec
 
 
 def iso(t: dt.datetime) -> str:
@@ -41,10 +41,9 @@ class PassState:
     """One pass's planning state inside `plan()`: its inputs, and what it decided so far (the
     actions in order, the earliest next look). Mutable on purpose, and never seen outside."""
 
-    body: dict
+    ref: EngineRef
     spec: EngineSpec
     now: dt.datetime
-    rev: str
     last_failure: dict | None
     restart_count: int
     deleting: bool = False
@@ -89,16 +88,12 @@ def ranks_status(pods: dict[int, dict]) -> list[dict]:
 def vanished(st: PassState, g: int, mem: dict, pods: dict[int, dict], nodes: int) -> Failure:
     missing = sorted(set(range(nodes)) - set(pods))
     any_pod = next(iter(pods.values()))
-    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.body["metadata"]["name"], g, missing[0]),
+    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.ref.name, g, missing[0]),
                    uid=f"missing-{any_pod['metadata'].get('uid')}", node="", exit_code=None, signal=None,
                    reason="Deleted", cause="unexpected_exit", permanent=False,
                    message=f"pod of rank {missing[0]} disappeared while the group was ready "
                            "(deleted or evicted by someone other than the operator)",
                    time=iso(st.now))
-
-
-def ref(body: dict) -> str:
-    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
 
 
 def no_empty_strings(obj):

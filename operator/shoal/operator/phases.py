@@ -1,14 +1,16 @@
-"""The phases of an InferenceEngine and of each engine group: one definition, used by the CRD
-schema (its enums) and by the logic that sets and reads them. str enums, so a phase is written
-to and compared with status as the plain string the API holds."""
+"""The phases of an InferenceEngine and of each engine group, and the types of its conditions:
+one definition, used by the CRD schema (its enums and descriptions) and by the logic that sets
+and reads them. str enums, so a value is written to and compared with status as the plain
+string the API holds."""
 
 from __future__ import annotations
 
 import enum
 
 
-class _StrPhase(str, enum.Enum):
-    """Formats as its value on every Python version (3.12 changed mixed-in enums' format)."""
+class WireEnum(str, enum.Enum):
+    """A str enum that formats as its value on every Python version (3.12 changed mixed-in
+    enums' format): what the API holds, in status, in the schema and in messages."""
 
     def __str__(self) -> str:
         return self.value
@@ -17,7 +19,7 @@ class _StrPhase(str, enum.Enum):
         return format(self.value, spec)
 
 
-class Phase(_StrPhase):
+class Phase(WireEnum):
     """status.phase of the InferenceEngine."""
 
     PENDING = "Pending"  # nothing created yet
@@ -28,7 +30,7 @@ class Phase(_StrPhase):
     TERMINATING = "Terminating"  # being deleted: groups stop in rank order
 
 
-class GroupPhase(_StrPhase):
+class GroupPhase(WireEnum):
     """status.groups[].phase of one engine group."""
 
     PENDING = "Pending"
@@ -40,7 +42,7 @@ class GroupPhase(_StrPhase):
     UPDATING = "Updating"  # stopping to be recreated at a new revision
 
 
-class GroupStage(_StrPhase):
+class GroupStage(WireEnum):
     """status.groups[].stage: where a Starting group is, read from its pods' status. The engine's
     /health says only ok or not, so loading weights, sizing the KV cache and waiting for the
     headless ranks are one stage, Loading."""
@@ -54,3 +56,15 @@ class GroupStage(_StrPhase):
 
 # Groups in these phases are on their way somewhere: the Progressing condition lists them.
 MOVING = (GroupPhase.PENDING, GroupPhase.STARTING, GroupPhase.UPDATING, GroupPhase.DRAINING)
+
+
+class ConditionType(WireEnum):
+    """status.conditions[].type: every condition the operator sets (status.py), in the order it
+    writes them; the CRD lists the same."""
+
+    SPEC_VALID = "SpecValid"  # the spec passed the operator's cross-field checks
+    READY = "Ready"  # every desired group Ready and a frontend serving them
+    SERVING = "Serving"  # frontends Ready, and the groups their discovery list gives them
+    PROGRESSING = "Progressing"  # groups starting, rolling or draining
+    DEGRADED = "Degraded"  # a group failed or backing off
+    ENGINE_DEAD = "EngineDead"  # the last engine death and its cause

@@ -42,22 +42,22 @@ from shoal.operator.observed import (
 )
 from shoal.operator.phases import GroupPhase, GroupStage
 from shoal.operator.shutdown import stop, teardown_dead
-from shoal.operator.spec import EngineSpec
+from shoal.operator.spec import EngineRef, EngineSpec
 from shoal.operator.validation import spec_problems
 
 
 @dataclass(frozen=True)
 class Observed:
-    """What this pass read: the resource (its metadata names every child), its engine pods by
-    group and rank, and the last in-flight count of each draining rank 0 (drain_probe.py)."""
+    """What this pass read: which resource (its identity names every child), whether it is
+    being deleted and its generation, its engine pods by group and rank, and the last in-flight
+    count of each draining rank 0 (drain_probe.py)."""
 
-    body: dict
+    ref: EngineRef
     pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
-    in_flight: Mapping[int, int] = field(default_factory=dict)  # draining group -> rank 0's requests
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.body["metadata"].get("deletionTimestamp"))
+    # draining group -> rank 0's requests in flight
+    in_flight: Mapping[int, int] = field(default_factory=dict)
+    deleting: bool = False
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,14 @@ class Plan:
 
 
 def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime) -> Plan:
-    body, deleting = observed.body, observed.deleting
-    problems = spec_problems(body["metadata"]["name"], spec.raw)
+    deleting = observed.deleting
+    problems = spec_problems(observed.ref.name, spec)
     replicas = 0 if deleting else spec.replicas
-    st = PassState(body=body, spec=spec, now=now, rev=render.engine_revision(spec.raw),
-                   last_failure=memory.last_failure, restart_count=memory.restart_count,
-                   deleting=deleting, in_flight=dict(observed.in_flight),
-                   serving={g for g, m in memory.groups.items() if m.get("phase") == GroupPhase.READY and g < replicas})
+    serving = {g for g, m in memory.groups.items()
+               if m.get("phase") == GroupPhase.READY and g < replicas}
+    st = PassState(ref=observed.ref, spec=spec, now=now, last_failure=memory.last_failure,
+                   restart_count=memory.restart_count, deleting=deleting,
+                   in_flight=dict(observed.in_flight), serving=serving)
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
     if not problems and not deleting:
         st.act(ApplyChildren(tuple(sorted(st.serving))))
@@ -130,7 +131,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
     if not problems and not deleting:
         st.act(WriteDiscovery(ready))
     return Plan(actions=tuple(st.actions), requeue_after=st.requeue_after, groups=tuple(groups),
-                ready_groups=ready, problems=tuple(problems), replicas=replicas, revision=st.rev,
+                ready_groups=ready, problems=tuple(problems), replicas=replicas, revision=st.spec.revision,
                 last_failure=st.last_failure, restart_count=st.restart_count, drain_probes=dict(st.drain_probes))
 
 
@@ -152,7 +153,7 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
 
     phase = mem.get("phase")
     if phase == GroupPhase.FAILED:
-        if revision_of(pods) not in (None, st.rev) or (not pods and mem.get("revision") != st.rev):
+        if revision_of(pods) not in (None, st.spec.revision) or (not pods and mem.get("revision") != st.spec.revision):
             # The spec changed since the permanent failure: try again from scratch, once the
             # old pods are gone (the BackingOff step below, due at once).
             teardown_dead(st, pods)
@@ -189,7 +190,7 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
 def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     """A complete, live group: Ready, or Starting with what each rank waits for."""
     nodes = st.spec.nodes_per_group
-    mem["revision"] = revision_of(pods) or st.rev
+    mem["revision"] = revision_of(pods) or st.spec.revision
     if all(pod_ready(p) for p in pods.values()):
         if mem.get("phase") != GroupPhase.READY:
             mem["readySince"] = iso(st.now)
@@ -221,7 +222,7 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
         why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
                else "restartPolicy.policy is Never" if rp.never
                else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
-        mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.rev,
+        mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.spec.revision,
                    message=f"rank {death.rank} {death.cause}: not restarting: {why}")
         st.event(WARNING, "RestartSkipped", f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
         # Keep the failed pod for its logs; stop the ranks that are still running.
@@ -259,11 +260,11 @@ def _watch_only(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict
 
 def _create(st: PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
     existing = existing or {}
-    missing = {int(p["metadata"]["labels"][L.LABEL_RANK]): p for p in render.group_pods(st.body, g)}
+    missing = {int(p["metadata"]["labels"][L.LABEL_RANK]): p for p in render.group_pods(st.ref, st.spec, g)}
     missing = {r: p for r, p in missing.items() if r not in existing}
     st.act(CreatePods(g, tuple(sorted(missing))))
     st.created.setdefault(g, {}).update(missing)
-    mem.update(phase=GroupPhase.STARTING, stage=GroupStage.SCHEDULING, revision=st.rev,
+    mem.update(phase=GroupPhase.STARTING, stage=GroupStage.SCHEDULING, revision=st.spec.revision,
                message=f"0/{st.spec.nodes_per_group} ranks ready")
     for k in ("readySince", "drainStartTime", "stopReason", "nextRestartTime"):
         mem.pop(k, None)
@@ -276,13 +277,13 @@ def _roll_one(st: PassState, groups: list[dict], by_group: dict[int, dict[int, d
     ready ones, lowest index first."""
     if any(g["phase"] == GroupPhase.UPDATING for g in groups):
         return
-    if any(g.get("revision") == st.rev and g["phase"] == GroupPhase.STARTING for g in groups):
+    if any(g.get("revision") == st.spec.revision and g["phase"] == GroupPhase.STARTING for g in groups):
         return
     for g in sorted(groups, key=lambda g: (g["phase"] == GroupPhase.READY, g["index"])):
         pods = by_group.get(g["index"], {})
-        if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.rev:
+        if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.spec.revision:
             st.event(NORMAL, "GroupUpdating",
-                     f"group {g['index']}: rolling to revision {st.rev} (one group at a time)")
+                     f"group {g['index']}: rolling to revision {st.spec.revision} (one group at a time)")
             g.update(stop(st, g["index"], g, pods, "update"))
             g["ranks"] = ranks_status(pods)
             return

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from shoal.operator import labels as L
 from shoal.operator.apply import Applier
 from shoal.operator.kube import Kube
-from shoal.operator.observed import iso, owned_by, pod_ready, ref, status_differs
+from shoal.operator.observed import iso, owned_by, pod_ready, status_differs
 from shoal.operator.phases import GroupPhase
 from shoal.operator.plan import Memory, Observed, Plan, plan
-from shoal.operator.spec import EngineSpec
+from shoal.operator.spec import EngineRef, EngineSpec, parse
 from shoal.operator.status import engine_status
 
 log = logging.getLogger("shoal.operator.reconcile")
@@ -39,12 +39,15 @@ InFlight = Callable[[str, str], dict[int, int]]
 
 @dataclass
 class Outcome:
-    """What a pass leaves behind: used by the delete handler (done?) and by tests."""
+    """What a pass leaves behind: used by the handlers (the next look, the drain probes, the
+    end of a delete) and by tests."""
 
+    uid: str | None = None  # the resource the pass ran on; None when it ran on none
     pods_left: int = 0
     requeue_after: float | None = None
     status: dict = field(default_factory=dict)
     drain_probes: dict = field(default_factory=dict)  # draining group -> rank 0's /metrics URL
+    stopped: bool = False  # being deleted and no engine pod left: the finalizer may go
 
 
 class Reconciler:
@@ -62,7 +65,6 @@ class Reconciler:
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
-        self._passes: dict[tuple, int] = {}
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -77,16 +79,7 @@ class Reconciler:
             if fresh is None or (meta.get("uid") and fresh["metadata"].get("uid") != meta["uid"]):
                 return Outcome()
             self._last_pass[key] = time.monotonic()
-            try:
-                return self._pass(fresh)
-            finally:
-                with self._locks_guard:
-                    self._passes[key] = self._passes.get(key, 0) + 1
-
-    def passes(self, namespace: str, name: str) -> int:
-        """How many passes of this resource have finished (in this process)."""
-        with self._locks_guard:
-            return self._passes.get((namespace, name), 0)
+            return self._pass(fresh)
 
     def seconds_since_pass(self, namespace: str, name: str) -> float:
         last = self._last_pass.get((namespace, name))
@@ -96,30 +89,39 @@ class Reconciler:
         return self.applier.pdb_api_version()
 
     def _pass(self, body: dict) -> Outcome:
+        """The one place a body is parsed: everything after takes its identity and spec."""
         now = self.clock()
         old = body.get("status") or {}
-        spec, observed, memory = EngineSpec.of(body), self._observe(body), Memory.of(old)
+        ref, spec = parse(body)
+        observed, memory = self._observe(ref, body), Memory.of(old)
         p = plan(spec, observed, memory, now)
-        self.applier.apply(body, p.actions)
-        self._log_changes(body, memory, p)
-        status = self._report(body, spec, p, observed, old, now)
-        return Outcome(pods_left=sum(len(g) for g in observed.pods.values()), requeue_after=p.requeue_after,
-                       status=status, drain_probes=dict(p.drain_probes))
+        self.applier.apply(ref, spec, p.actions)
+        self._log_changes(ref, memory, p)
+        status = self._report(observed, spec, p, old, now)
+        left = sum(len(g) for g in observed.pods.values())
+        return Outcome(uid=ref.uid, pods_left=left, requeue_after=p.requeue_after,
+                       status=status, drain_probes=dict(p.drain_probes),
+                       stopped=observed.deleting and not left)
 
-    def _observe(self, body: dict) -> Observed:
-        meta = body["metadata"]
+    def _observe(self, ref: EngineRef, body: dict) -> Observed:
         by_group: dict[int, dict[int, dict]] = {}
-        for p in self.pods(meta["namespace"], meta["name"], L.COMPONENT_ENGINE):
-            if owned_by(p, meta.get("uid")):
+        for p in self.pods(ref.namespace, ref.name, L.COMPONENT_ENGINE):
+            if owned_by(p, ref.uid):
                 lbl = p["metadata"]["labels"]
                 by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
-        return Observed(body=body, pods=by_group, in_flight=self.in_flight(meta["namespace"], meta["name"]))
-
-    def _report(self, body: dict, spec: EngineSpec, p: Plan, observed: Observed, old: dict,
-                now: dt.datetime) -> dict:
         meta = body["metadata"]
-        frontends = [] if observed.deleting else self.pods(meta["namespace"], meta["name"], L.COMPONENT_FRONTEND)
-        status = engine_status(body=body, plan=p, frontends_ready=sum(1 for f in frontends if pod_ready(f)),
+        return Observed(ref=ref, pods=by_group, in_flight=self.in_flight(ref.namespace, ref.name),
+                        deleting=bool(meta.get("deletionTimestamp")),
+                        generation=meta.get("generation", 0))
+
+    def _report(self, observed: Observed, spec: EngineSpec, p: Plan, old: dict,
+                now: dt.datetime) -> dict:
+        ref = observed.ref
+        frontends = ([] if observed.deleting
+                     else self.pods(ref.namespace, ref.name, L.COMPONENT_FRONTEND))
+        status = engine_status(ref=ref, generation=observed.generation,
+                               deleting=observed.deleting, plan=p,
+                               frontends_ready=sum(1 for f in frontends if pod_ready(f)),
                                frontends_desired=spec.frontend_replicas,
                                pods_left=sum(len(g) for g in observed.pods.values()),
                                previous=old.get("conditions") or [], now=iso(now))
@@ -127,19 +129,23 @@ class Reconciler:
             patch = dict(status)
             if old.get("lastFailure") and p.last_failure:  # merge-patch: clear stale keys
                 patch["lastFailure"] = {k: None for k in old["lastFailure"]} | p.last_failure
-            self.kube.patch(L.API_VERSION, L.PLURAL, meta["namespace"], meta["name"], {"status": patch}, sub="status")
+            self.kube.patch(L.API_VERSION, L.PLURAL, ref.namespace, ref.name, {"status": patch},
+                            sub="status")
         return status
 
     @staticmethod
-    def _log_changes(body: dict, memory: Memory, p: Plan) -> None:
+    def _log_changes(ref: EngineRef, memory: Memory, p: Plan) -> None:
         """One line per group that became Ready."""
         for g in p.groups:
-            if g["phase"] == GroupPhase.READY and (memory.groups.get(g["index"]) or {}).get("phase") != GroupPhase.READY:
-                log.info("%s group %d ready (%d ranks)", ref(body), g["index"], len(g.get("ranks") or []))
+            before = (memory.groups.get(g["index"]) or {}).get("phase")
+            if g["phase"] == GroupPhase.READY and before != GroupPhase.READY:
+                log.info("%s group %d ready (%d ranks)", ref, g["index"],
+                         len(g.get("ranks") or []))
 
 
 def listed_pods(kube: Kube) -> PodSource:
     """Pods read with a LIST (what a pass does without the operator's index)."""
     def source(namespace: str, name: str, component: str) -> list[dict]:
-        return kube.list("v1", "pods", namespace, f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={component}")
+        selector = f"{L.LABEL_ENGINE}={name},{L.LABEL_COMPONENT}={component}"
+        return kube.list("v1", "pods", namespace, selector)
     return source

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from shoal.operator import render
 from shoal.operator.actions import DeletePod, WriteDiscovery
 from shoal.operator.events import NORMAL, WARNING
 from shoal.operator.failures import is_stopping, root_cause, terminated_state
 from shoal.operator.observed import PassState, iso, metrics_url, parse_time
 from shoal.operator.phases import GroupPhase
+from shoal.operator.render_common import SHUTDOWN_MARGIN_SECONDS
 
 # A dead group's live ranks get SIGTERM and this long before SIGKILL (not their drain grace:
 # there is nothing left to drain).
@@ -96,7 +96,7 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
             st.drain_probes[g] = url
         if (n := st.in_flight.get(g)) is not None:  # the last count read from rank 0's /metrics
             mem["message"] = f"draining: {n} request{'s' if n != 1 else ''} in flight; " + mem["message"]
-        deadline = started + dt.timedelta(seconds=timeout + render.SHUTDOWN_MARGIN_SECONDS)
+        deadline = started + dt.timedelta(seconds=timeout + SHUTDOWN_MARGIN_SECONDS)
         st.requeue(max((deadline - st.now).total_seconds(), 2.0))
         return mem
     # Rank 0's engine has ended (its container terminated, or its pod is gone): the drain is
@@ -113,7 +113,7 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
 def _drain_done(st: PassState, g: int, mem: dict) -> None:
     timeout = st.spec.shutdown_timeout_seconds
     took = (st.now - (parse_time(mem.pop("drainStartTime")) or st.now)).total_seconds()
-    if took <= timeout + render.SHUTDOWN_MARGIN_SECONDS:
+    if took <= timeout + SHUTDOWN_MARGIN_SECONDS:
         st.event(NORMAL, "DrainFinished", f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
     else:
         st.event(WARNING, "DrainOverdue", f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")

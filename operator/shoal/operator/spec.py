@@ -1,36 +1,88 @@
-"""EngineSpec: an InferenceEngine's spec as one typed, frozen object, built once per pass from
-the resource body. Every default is defined here once: crd.py writes the same values into the
-schema (so the API server fills them in), and the operator falls back on them for a body the
-API server did not default (an object from before a field existed, a test's plain dict).
+"""What a pass parses once from an InferenceEngine body: its identity (`EngineRef`) and its spec
+as one typed, frozen object (`EngineSpec`). Render, plan and status take these two, never the
+body, so a pass reads the body exactly once (`parse`).
 
-Pass-through parts (resources, env, extraArgs, the model volume source) stay plain dicts in
-`raw`: the operator copies them into pods without reading them.
+Every default is defined here once: crd.py writes the same values into the schema (so the API
+server fills them in), and the operator falls back on them for a body the API server did not
+default (an object from before a field existed, a test's plain dict).
+
+Pass-through parts (resources, env, extraArgs, the model volume source) are kept as the body
+has them: the operator copies them into pods without reading them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+
+from shoal.operator import labels as L
+from shoal.operator.phases import WireEnum
+
+# The images of a release: the engine (the Dockerfile's `engine` target) and the slim router
+# that runs the frontends (`router` target: `shoal router`, no torch). One registry and version.
+IMAGE_REGISTRY = "ghcr.io/shoal-dev"
+RELEASE = "0.1.0"
+ENGINE_IMAGE = f"{IMAGE_REGISTRY}/shoal:{RELEASE}"
+ROUTER_IMAGE = f"{IMAGE_REGISTRY}/shoal-router:{RELEASE}"
+
+
+class Runtime(WireEnum):
+    """spec.runtime: which command line the engine pods run."""
+
+    SHOAL = "Shoal"  # `shoal serve` from a Shoal image (its entrypoint)
+    VLLM = "VLLM"  # stock `vllm serve`, only the flags its release accepts (vllm_version.py)
+
+
+class RestartPolicyType(WireEnum):
+    """spec.restartPolicy.policy: what a group does when one of its ranks dies."""
+
+    RECREATE_GROUP_ON_FAILURE = "RecreateGroupOnFailure"  # every rank recreated, with backoff
+    NEVER = "Never"  # the group stays Failed
+
 
 # Dotted path under `spec` -> default. The CRD schema's `default:` values come from here.
 DEFAULTS: dict[str, object] = {
-    "image": "ghcr.io/shoal-dev/shoal:0.1.0",
+    "image": ENGINE_IMAGE,
     "imagePullPolicy": "IfNotPresent",
-    "runtime": "Shoal",
+    "runtime": Runtime.SHOAL.value,
     "replicas": 1,
     "tensorParallelSize": 1,
     "nodesPerGroup": 1,
-    "masterPort": 29500,
+    "masterPort": L.DEFAULT_MASTER_PORT,
     "frontend.replicas": 1,
+    "frontend.image": ROUTER_IMAGE,
     "frontend.routing": "least-outstanding",
     "engine.startupTimeoutSeconds": 1200,
     "modelVolume.mountPath": "/models",
     "shutdown.timeoutSeconds": 30,
-    "restartPolicy.policy": "RecreateGroupOnFailure",
+    "restartPolicy.policy": RestartPolicyType.RECREATE_GROUP_ON_FAILURE.value,
     "restartPolicy.backoffBaseSeconds": 10,
     "restartPolicy.backoffMaxSeconds": 300,
     "restartPolicy.maxRestarts": 10,
     "restartPolicy.resetAfterSeconds": 600,
 }
+
+# The fields that shape an engine pod: a change rolls the groups one by one. Replicas,
+# frontends and the restart policy are left out: changing them restarts nothing.
+REVISION_FIELDS = ("model", "servedModelName", "image", "imagePullPolicy", "runtime",
+                   "tensorParallelSize", "nodesPerGroup", "masterPort", "engine", "modelVolume",
+                   "shutdown")
+
+
+def content_hash(obj) -> str:
+    """A short, stable hash of JSON-able data (the revision, a rendered child's spec)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def engine_revision(spec: dict) -> str:
+    """Hash of the REVISION_FIELDS of a body's spec. runtimeVersion counts only when set, so
+    that adding the field rolled no existing group."""
+    shaped = {k: spec.get(k) for k in REVISION_FIELDS}
+    if spec.get("runtimeVersion"):
+        shaped["runtimeVersion"] = spec["runtimeVersion"]
+    return content_hash(shaped)
 
 
 def _get(spec: dict, path: str):
@@ -43,8 +95,33 @@ def _get(spec: dict, path: str):
 
 
 @dataclass(frozen=True)
+class EngineRef:
+    """Which InferenceEngine: what every child's metadata, owner reference and Event names."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+    api_version: str = L.API_VERSION
+    kind: str = L.KIND
+
+    @classmethod
+    def of(cls, body: dict) -> EngineRef:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"),
+                   api_version=body.get("apiVersion") or L.API_VERSION,
+                   kind=body.get("kind") or L.KIND)
+
+    def owner_reference(self) -> dict:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
+                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
 class RestartPolicy:
-    policy: str
+    policy: RestartPolicyType
     backoff_base_seconds: int
     backoff_max_seconds: int
     max_restarts: int  # 0 = no limit
@@ -52,17 +129,16 @@ class RestartPolicy:
 
     @property
     def never(self) -> bool:
-        return self.policy == "Never"
+        return self.policy is RestartPolicyType.NEVER
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    raw: dict  # the body's spec as it is (pass-through parts)
     model: str
     served_model_name: str
     image: str
     image_pull_policy: str
-    runtime: str
+    runtime: Runtime
     runtime_version: str  # "" = unset (a VLLM group then reads its release from the image tag)
     replicas: int
     tensor_parallel_size: int
@@ -71,41 +147,54 @@ class EngineSpec:
     frontend_replicas: int
     frontend_image: str
     frontend_routing: str  # least-outstanding | prefix-affinity
+    frontend_resources: dict | None  # pass-through
     startup_timeout_seconds: int
+    extra_args: tuple[str, ...]  # pass-through, after the operator's own flags
+    engine_env: tuple[dict, ...]  # pass-through
+    engine_resources: dict | None  # pass-through
+    model_volume: dict | None  # spec.modelVolume as given (validation reads its keys)
     model_mount_path: str
     shutdown_timeout_seconds: int  # 0 = abort at once
     restart: RestartPolicy
+    revision: str  # engine_revision() of the body's spec
 
     @classmethod
     def of(cls, body: dict) -> EngineSpec:
         spec = body.get("spec") or {}
-        image = str(_get(spec, "image"))
-        runtime = str(_get(spec, "runtime"))
-        # Frontends always run `shoal serve`: a stock vLLM image cannot be theirs.
-        frontend_default = image if runtime != "VLLM" else str(DEFAULTS["image"])
+        frontend, engine = spec.get("frontend") or {}, spec.get("engine") or {}
         return cls(
-            raw=spec,
             model=str(spec.get("model") or ""),
             served_model_name=str(spec.get("servedModelName") or spec.get("model") or ""),
-            image=image,
+            image=str(_get(spec, "image")),
             image_pull_policy=str(_get(spec, "imagePullPolicy")),
-            runtime=runtime,
+            runtime=Runtime(_get(spec, "runtime")),
             runtime_version=str(spec.get("runtimeVersion") or ""),
             replicas=int(_get(spec, "replicas")),
             tensor_parallel_size=int(_get(spec, "tensorParallelSize")),
             nodes_per_group=int(_get(spec, "nodesPerGroup")),
             master_port=int(_get(spec, "masterPort")),
             frontend_replicas=int(_get(spec, "frontend.replicas")),
-            frontend_image=str((spec.get("frontend") or {}).get("image") or frontend_default),
+            frontend_image=str(_get(spec, "frontend.image")),
             frontend_routing=str(_get(spec, "frontend.routing")),
+            frontend_resources=frontend.get("resources") or None,
             startup_timeout_seconds=int(_get(spec, "engine.startupTimeoutSeconds")),
+            extra_args=tuple(str(a) for a in engine.get("extraArgs") or ()),
+            engine_env=tuple(engine.get("env") or ()),
+            engine_resources=engine.get("resources") or None,
+            model_volume=spec.get("modelVolume"),
             model_mount_path=str(_get(spec, "modelVolume.mountPath")),
             shutdown_timeout_seconds=int(_get(spec, "shutdown.timeoutSeconds")),
             restart=RestartPolicy(
-                policy=str(_get(spec, "restartPolicy.policy")),
+                policy=RestartPolicyType(_get(spec, "restartPolicy.policy")),
                 backoff_base_seconds=int(_get(spec, "restartPolicy.backoffBaseSeconds")),
                 backoff_max_seconds=int(_get(spec, "restartPolicy.backoffMaxSeconds")),
                 max_restarts=int(_get(spec, "restartPolicy.maxRestarts")),
                 reset_after_seconds=int(_get(spec, "restartPolicy.resetAfterSeconds")),
             ),
+            revision=engine_revision(spec),
         )
+
+
+def parse(body: dict) -> tuple[EngineRef, EngineSpec]:
+    """The body's identity and typed spec: what a pass (or a test) hands to render and plan."""
+    return EngineRef.of(body), EngineSpec.of(body)

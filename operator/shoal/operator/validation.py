@@ -17,27 +17,33 @@ VOLUME_SOURCES = {
 }
 
 
-def spec_problems(name: str, spec: dict) -> list[str]:
+def spec_problems(name: str, spec: EngineSpec) -> list[str]:
     """Every reason the spec cannot be reconciled, each saying what to fix; [] when valid."""
     problems = []
     if len(name) > L.MAX_NAME_LENGTH:
-        problems.append(f"metadata.name is {len(name)} characters; at most {L.MAX_NAME_LENGTH} are "
-                        "allowed, because pod names NAME-gG-rR become DNS hostnames (63 characters)")
-    es = EngineSpec.of({"spec": spec})
-    tp, nodes = es.tensor_parallel_size, es.nodes_per_group
+        problems.append(f"metadata.name is {len(name)} characters; at most {L.MAX_NAME_LENGTH} "
+                        "are allowed, because pod names NAME-gG-rR become DNS hostnames "
+                        "(63 characters)")
+    tp, nodes = spec.tensor_parallel_size, spec.nodes_per_group
     if tp % nodes:
-        problems.append(f"spec.tensorParallelSize ({tp}) must be a multiple of spec.nodesPerGroup "
-                        f"({nodes}): every pod of a group holds the same number of TP ranks")
-    base, cap = es.restart.backoff_base_seconds, es.restart.backoff_max_seconds
+        problems.append(f"spec.tensorParallelSize ({tp}) must be a multiple of "
+                        f"spec.nodesPerGroup ({nodes}): every pod of a group holds the same "
+                        "number of TP ranks")
+    base, cap = spec.restart.backoff_base_seconds, spec.restart.backoff_max_seconds
     if cap < base:
-        problems.append(f"spec.restartPolicy.backoffMaxSeconds ({cap}) must be >= backoffBaseSeconds ({base})")
-    mv = spec.get("modelVolume")
-    if mv is not None:
-        sources = [k for k in (mv.get("volume") or {}) if k in VOLUME_SOURCES]
-        others = [k for k in (mv.get("volume") or {}) if k not in VOLUME_SOURCES]
-        if len(sources) != 1:
-            problems.append("spec.modelVolume.volume must name exactly one volume source "
-                            f"(e.g. persistentVolumeClaim, hostPath); found {sources or 'none'}")
-        if "name" in others:
-            problems.append("spec.modelVolume.volume must not set `name`: the operator names it `model`")
-    return problems + vllm_version.problems(es)
+        problems.append(f"spec.restartPolicy.backoffMaxSeconds ({cap}) must be >= "
+                        f"backoffBaseSeconds ({base})")
+    if spec.model_volume is not None:
+        problems += _volume_problems(spec.model_volume.get("volume") or {})
+    return problems + vllm_version.problems(spec)
+
+
+def _volume_problems(volume: dict) -> list[str]:
+    sources = [k for k in volume if k in VOLUME_SOURCES]
+    out = []
+    if len(sources) != 1:
+        out.append("spec.modelVolume.volume must name exactly one volume source "
+                   f"(e.g. persistentVolumeClaim, hostPath); found {sources or 'none'}")
+    if "name" in volume:
+        out.append("spec.modelVolume.volume must not set `name`: the operator names it `model`")
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from shoal.operator.spec import DEFAULTS, EngineSpec
+from shoal.operator.spec import ENGINE_IMAGE, EngineSpec, Runtime
 
 Version = tuple[int, int, int]
 
@@ -60,7 +60,7 @@ def runtime_version(es: EngineSpec) -> Version | None:
 
 def accepts(es: EngineSpec, flag: str) -> bool:
     """Whether the group's engine command accepts `flag` (`shoal serve` accepts every one)."""
-    if es.runtime != "VLLM":
+    if es.runtime is not Runtime.VLLM:
         return True
     version = runtime_version(es)
     return version is not None and version >= FLAG_SINCE.get(flag, OLDEST)
@@ -68,10 +68,10 @@ def accepts(es: EngineSpec, flag: str) -> bool:
 
 def problems(es: EngineSpec) -> list[str]:
     """Why a VLLM group could not start with this image and release; [] when it can."""
-    if es.runtime != "VLLM":
+    if es.runtime is not Runtime.VLLM:
         return []
     out = []
-    if image_repository(es.image) == image_repository(str(DEFAULTS["image"])):
+    if image_repository(es.image) == image_repository(ENGINE_IMAGE):
         out.append(f"spec.image is {es.image}, a Shoal image, but spec.runtime VLLM runs `vllm serve`: "
                    f"name a vLLM image, e.g. vllm/vllm-openai:v{TESTED_VERSION}")
     tag = image_tag(es.image)

@@ -1,0 +1,232 @@
+"""The InferenceEngine's `spec` schema. Descriptions follow LeaderWorkerSet's style: field name
+first, what it means, an example, the default (from spec.DEFAULTS, the one place defaults are
+defined). Enums come from the str enums the operator reads the fields as."""
+
+from __future__ import annotations
+
+from shoal.contract.routing import ROUTINGS
+from shoal.operator.openapi import obj, opaque, typed, values
+from shoal.operator.spec import DEFAULTS, RestartPolicyType, Runtime
+
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def _int(description: str, path: str, minimum: int, maximum: int) -> dict:
+    return typed("integer", description, minimum=minimum, maximum=maximum,
+                 default=DEFAULTS[path], format="int32")
+
+
+def _resources(who: str) -> dict:
+    quantity = {"x-kubernetes-int-or-string": True,
+                "anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+    return obj(
+        f"resources are the compute resources of each {who} container, as in a Pod's "
+        "`resources`. Example: `{limits: {nvidia.com/gpu: 8}, requests: {cpu: 16, memory: "
+        "64Gi}}`. Default: none (best effort).",
+        {
+            "limits": typed("object", "limits is the most the container may use. Example: "
+                            "`{nvidia.com/gpu: 8}`.", additionalProperties=quantity),
+            "requests": typed("object", "requests is what the scheduler reserves. Example: "
+                              "`{cpu: 4, memory: 16Gi}`.", additionalProperties=quantity),
+        },
+    )
+
+
+def _env() -> dict:
+    variable = obj(
+        "One environment variable.",
+        {
+            "name": typed("string", "name of the variable. Example: `NCCL_DEBUG`.", minLength=1),
+            "value": typed("string", "value of the variable. Example: `INFO`."),
+            "valueFrom": opaque("valueFrom takes the value from a Secret, ConfigMap or field, "
+                                "as in a Pod."),
+        },
+        required=["name"],
+    )
+    return typed(
+        "array",
+        "env lists extra environment variables for every engine container, as in a Pod's `env` "
+        "(`valueFrom` is passed through unchanged). Example: `[{name: NCCL_DEBUG, value: "
+        "INFO}]`. Default: none.",
+        items=variable,
+    )
+
+
+def _image_fields() -> dict:
+    return {
+        "image": typed("string", "image is the container image of the engine pods. Example: "
+                       f"`{DEFAULTS['image']}`. Default: `{DEFAULTS['image']}`.",
+                       default=DEFAULTS["image"], minLength=1),
+        "imagePullPolicy": typed("string", "imagePullPolicy as in a Pod. Example: `Always`. "
+                                 "Default: `IfNotPresent`.",
+                                 enum=["Always", "IfNotPresent", "Never"],
+                                 default=DEFAULTS["imagePullPolicy"]),
+        "runtime": typed("string", "runtime says which command line the engine pods run: "
+                         "`Shoal` runs `shoal serve`, `VLLM` runs stock `vllm serve` from "
+                         "`image` with the same vLLM flag names, only those its release accepts "
+                         "(see `runtimeVersion`); frontends run `frontend.image` either way. "
+                         f"Example: `VLLM`. Default: `{DEFAULTS['runtime']}`.",
+                         enum=values(Runtime), default=DEFAULTS["runtime"]),
+        "runtimeVersion": typed("string", "runtimeVersion is the vLLM release that `image` runs "
+                                "when `runtime` is `VLLM`: the operator passes only the flags "
+                                "that release accepts (`--shutdown-timeout` from 0.18.0, "
+                                "multi-node flags from 0.11.1). Example: `0.32.0`. Default: the "
+                                "image tag when it is a release (`vllm/vllm-openai:v0.32.0`); "
+                                "required otherwise (`latest`, a digest). Ignored when "
+                                "`runtime` is `Shoal`.", pattern=r"^v?[0-9]+\.[0-9]+"),
+    }
+
+
+def _shape_fields() -> dict:
+    return {
+        "replicas": _int("replicas is the number of engine groups; each group is one complete "
+                         "model instance (one EngineCore) made of `nodesPerGroup` pods. Driven "
+                         "by the scale subresource (HPA/KEDA). Example: `3`. Default: `1`.",
+                         "replicas", 0, 1000),
+        "tensorParallelSize": _int("tensorParallelSize is the tensor-parallel degree of one "
+                                   "group, over all its pods (vLLM's `--tensor-parallel-size`); "
+                                   "it must be a multiple of `nodesPerGroup`. Example: `16` for "
+                                   "two pods of eight GPUs. Default: `1`.",
+                                   "tensorParallelSize", 1, 1024),
+        "nodesPerGroup": _int("nodesPerGroup is the number of pods (ranks) per group: rank 0 "
+                              "runs the EngineCore and its local workers, ranks 1..N-1 run "
+                              "`--headless` workers. Example: `2`. Default: `1`.",
+                              "nodesPerGroup", 1, 64),
+        "masterPort": _int("masterPort is the torch.distributed port on rank 0 that the other "
+                           "ranks join (vLLM's `--master-port`). Example: `29500`. Default: "
+                           f"`{DEFAULTS['masterPort']}`.", "masterPort", 1024, 65535),
+    }
+
+
+def _frontend() -> dict:
+    image = DEFAULTS["frontend.image"]
+    return obj(
+        "frontend configures the OpenAI-compatible HTTP frontends (a Deployment behind the "
+        "ClusterIP Service on port 8000) that route requests to ready engine groups. "
+        "Default: one frontend.",
+        {
+            "replicas": _int("replicas is the number of frontend pods. Example: `2`. Default: "
+                             "`1`.", "frontend.replicas", 0, 100),
+            "image": typed("string", "image of the frontend pods (they run `shoal router`, "
+                           f"whatever the `runtime`). Example: `{image}`. Default: `{image}`.",
+                           default=image),
+            "routing": typed("string", "routing is how a frontend picks a group for a request: "
+                             "`least-outstanding` (fewest requests in flight) or "
+                             "`prefix-affinity` (requests sharing a prompt prefix go to the "
+                             "group that served it, so its prefix cache is reused, while its "
+                             "load stays within a bound). Example: `prefix-affinity`. Default: "
+                             f"`{DEFAULTS['frontend.routing']}`.",
+                             enum=list(ROUTINGS), default=DEFAULTS["frontend.routing"]),
+            "resources": _resources("frontend"),
+        },
+        default={},
+    )
+
+
+def _engine() -> dict:
+    return obj(
+        "engine configures the engine pods of every group.",
+        {
+            "resources": _resources("engine"),
+            "extraArgs": typed("array", "extraArgs are appended to the engine command line after "
+                               "the operator's own flags. Example: `[--max-model-len, '8192']`. "
+                               "Default: none.",
+                               items={"type": "string", "description": "One command-line argument."}),
+            "env": _env(),
+            "startupTimeoutSeconds": _int("startupTimeoutSeconds is how long rank 0 may take to "
+                                          "load weights and answer /health before the group "
+                                          "counts as failed. Example: `1800`. Default: `1200`.",
+                                          "engine.startupTimeoutSeconds", 10, 86400),
+        },
+        default={},
+    )
+
+
+def _model_volume() -> dict:
+    return obj(
+        "modelVolume is the volume that holds the model, mounted read-only into every engine "
+        "pod. Example: `{mountPath: /models, volume: {persistentVolumeClaim: {claimName: "
+        "models}}}`. Default: none (the model is in the image or fetched by name).",
+        {
+            "mountPath": typed("string", "mountPath is where the volume appears in the engine "
+                               "containers. Example: `/models`. Default: `/models`.",
+                               default=DEFAULTS["modelVolume.mountPath"], pattern="^/"),
+            "volume": opaque("volume is a Kubernetes volume source (any of "
+                             "`persistentVolumeClaim`, `hostPath`, `nfs`, `csi`, ...), as in a "
+                             "Pod's `volumes[]` without `name`. Example: "
+                             "`{persistentVolumeClaim: {claimName: models}}`."),
+        },
+        required=["volume"],
+    )
+
+
+def _shutdown() -> dict:
+    return obj(
+        "shutdown says how an engine group stops on scale-down, update and delete: rank 0 "
+        "drains first while its headless ranks stay up, then they stop.",
+        {
+            "timeoutSeconds": _int("timeoutSeconds is how long rank 0 may drain in-flight "
+                                   "requests (passed as `--shutdown-timeout`; a stock vLLM "
+                                   "before 0.18 has no such flag and aborts them at once on "
+                                   "SIGTERM); `0` aborts them at once. "
+                                   "terminationGracePeriodSeconds is this plus a margin. "
+                                   "Example: `120`. Default: `30`.",
+                                   "shutdown.timeoutSeconds", 0, 86400),
+        },
+        default={},
+    )
+
+
+def _restart_policy() -> dict:
+    recreate, never = RestartPolicyType.RECREATE_GROUP_ON_FAILURE, RestartPolicyType.NEVER
+    return obj(
+        "restartPolicy says what happens when any rank of a group dies: the whole group is "
+        "recreated (a tensor-parallel group with a dead rank cannot continue), with "
+        "exponential backoff per group; errors a restart cannot fix (bad configuration, "
+        "missing model) are never retried.",
+        {
+            "policy": typed("string", f"policy: `{recreate}` recreates every pod of the group, "
+                            f"`{never}` leaves a failed group down. Example: `{never}`. "
+                            f"Default: `{DEFAULTS['restartPolicy.policy']}`.",
+                            enum=values(RestartPolicyType),
+                            default=DEFAULTS["restartPolicy.policy"]),
+            "backoffBaseSeconds": _int("backoffBaseSeconds is the delay before the first "
+                                       "restart; it doubles on every further restart. Example: "
+                                       "`5`. Default: `10`.",
+                                       "restartPolicy.backoffBaseSeconds", 0, 3600),
+            "backoffMaxSeconds": _int("backoffMaxSeconds caps the delay. Example: `600`. "
+                                      "Default: `300`.", "restartPolicy.backoffMaxSeconds",
+                                      0, 86400),
+            "maxRestarts": _int("maxRestarts is how many consecutive restarts of one group are "
+                                "allowed before it is left Failed; `0` means no limit. Example: "
+                                "`5`. Default: `10`.", "restartPolicy.maxRestarts", 0, 100000),
+            "resetAfterSeconds": _int("resetAfterSeconds: a group that stayed Ready this long "
+                                      "has its consecutive-restart count and backoff reset. "
+                                      "Example: `3600`. Default: `600`.",
+                                      "restartPolicy.resetAfterSeconds", 0, 604800),
+        },
+        default={},
+    )
+
+
+def spec_schema() -> dict:
+    fields = {
+        "model": typed("string", "model is the path of the model directory inside the engine "
+                       "container (usually under `modelVolume.mountPath`) or a model name the "
+                       "image can resolve. Required. Example: `/models/llama-3-8b`.",
+                       minLength=1),
+        "servedModelName": typed("string", "servedModelName is the name clients put in the "
+                                 "OpenAI `model` field. Example: `llama-3-8b`. Default: the "
+                                 "value of `model`."),
+        **_image_fields(),
+        **_shape_fields(),
+        "frontend": _frontend(),
+        "engine": _engine(),
+        "modelVolume": _model_volume(),
+        "shutdown": _shutdown(),
+        "restartPolicy": _restart_policy(),
+    }
+    return obj("spec is the desired state: which model to serve, how many engine groups, how "
+               "each group is split over ranks, and how engines stop and restart.",
+               fields, required=["model"])

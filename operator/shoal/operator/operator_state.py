@@ -1,0 +1,114 @@
+"""What the running operator holds between handler calls: the reconciler, the pod index it
+reads, the drain probes, the planned wake-ups, the waiters of delete handlers and the stats
+file. One `OperatorState` is made by the startup handler and kept in kopf's root `memo`
+(`memo.shoal`); kopf gives every resource handler a shallow copy of that memo, so all of them
+reach the same object, and nothing lives in module globals.
+
+`run_pass` is the one way a pass runs in the operator (handlers, wake-ups, drain probes): after
+each pass it plans the next look, follows the drain probes, wakes a delete handler whose
+resource has no engine pod left, and writes the stats file when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from shoal.operator import pod_index
+from shoal.operator.drain_probe import DrainProbes
+from shoal.operator.kube import Kube
+from shoal.operator.reconcile import Outcome, Reconciler, listed_pods
+from shoal.operator.wakeups import Wakeups
+
+log = logging.getLogger("shoal.operator")
+
+STATS_ENV = "SHOAL_OPERATOR_STATS_FILE"  # where the benchmark wants the API call counts
+STATS_EVERY_SECONDS = 1.0
+
+
+class StatsFile:
+    """Where asked ($SHOAL_OPERATOR_STATS_FILE), the read and write counts of the operator's
+    client, for the benchmark: after passes (at most once a second) and at exit."""
+
+    def __init__(self, kube: Kube, path: str | None):
+        self.kube, self.path = kube, path
+        self._lock = threading.Lock()  # handlers run in a thread pool
+        self._at = 0.0
+
+    def maybe_write(self) -> None:
+        if self.path and time.monotonic() - self._at > STATS_EVERY_SECONDS:
+            self.write()
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        with self._lock:
+            counts = {kind: {f"{verb} {plural}": n for (verb, plural), n in sorted(c.items())}
+                      for kind, c in (("writes", self.kube.writes), ("reads", self.kube.reads))}
+            try:
+                with open(self.path + ".tmp", "w") as f:
+                    json.dump(counts, f)
+                os.replace(self.path + ".tmp", self.path)
+            except OSError as e:  # a report, never a reason to fail a handler
+                log.warning("could not write %s: %s", self.path, e)
+            self._at = time.monotonic()
+
+
+@dataclass
+class StopWaiter:
+    """A delete handler waiting for its resource's last engine pod to go."""
+
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def set(self) -> None:  # from any thread
+        self.loop.call_soon_threadsafe(self.event.set)
+
+
+class OperatorState:
+    def __init__(self, kube: Kube):
+        self.pods = pod_index.PodIndex(listed_pods(kube))
+        self.drain_probes = DrainProbes(on_change=lambda key: self.wakeups.schedule(key, 0))
+        self.wakeups = Wakeups(lambda key: self.run_pass(
+            {"metadata": {"namespace": key[0], "name": key[1]}}))
+        self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts)
+        self.stats = StatsFile(kube, os.environ.get(STATS_ENV))
+        self._stop_waiters: dict[str, StopWaiter] = {}  # uid -> its delete handler's waiter
+        self._waiters_lock = threading.Lock()
+
+    def attach(self, handler_kwargs: dict) -> None:
+        """Hand kopf's pod index to the reconciler (kopf passes indices to handlers only)."""
+        if handler_kwargs.get(pod_index.INDEX) is not None:
+            self.pods.attach(handler_kwargs[pod_index.INDEX])
+
+    def run_pass(self, body: dict) -> Outcome:
+        outcome = self.reconciler.reconcile(body)
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if outcome.requeue_after is not None:
+            self.wakeups.schedule(key, outcome.requeue_after)
+        self.drain_probes.follow(*key, outcome.drain_probes)
+        if outcome.stopped:
+            with self._waiters_lock:
+                waiter = self._stop_waiters.get(outcome.uid)
+            if waiter is not None:
+                waiter.set()
+        self.stats.maybe_write()
+        return outcome
+
+    def stop_waiter(self, uid: str) -> StopWaiter:
+        """Register (before the handler's first pass, so no pass is missed) the event that the
+        pass seeing no engine pod of this resource left sets."""
+        waiter = StopWaiter(asyncio.get_running_loop())
+        with self._waiters_lock:
+            self._stop_waiters[uid] = waiter
+        return waiter
+
+    def forget_stop_waiter(self, uid: str) -> None:
+        with self._waiters_lock:
+            self._stop_waiters.pop(uid, None)
