@@ -17,9 +17,15 @@ import sys
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ
-    p = argparse.ArgumentParser(prog="shoal-operator", description="Reconcile InferenceEngine resources.")
-    p.add_argument("--namespace", "-n", action="append", default=None,
-                   help="watch this namespace (repeatable; globs allowed). Default: $SHOAL_NAMESPACES")
+    p = argparse.ArgumentParser(prog="shoal-operator",
+                                description="Reconcile InferenceEngine resources.")
+    p.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; globs allowed). Default: $SHOAL_NAMESPACES",
+    )
     p.add_argument("--all-namespaces", "-A", action="store_true",
                    default=env.get("SHOAL_ALL_NAMESPACES", "") in ("1", "true", "yes"),
                    help="watch every namespace (needs cluster-wide RBAC)")
@@ -45,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     from shoal.operator import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.run(clusterwide=args.all_namespaces, namespaces=() if args.all_namespaces else args.namespace,
-             liveness_endpoint=args.liveness, standalone=True)
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=() if args.all_namespaces else args.namespace,
+        liveness_endpoint=args.liveness,
+        standalone=True,
+    )
     return 0
 
 

@@ -129,15 +129,22 @@ def _engine() -> dict:
         "engine configures the engine pods of every group.",
         {
             "resources": _resources("engine"),
-            "extraArgs": typed("array", "extraArgs are appended to the engine command line after "
-                               "the operator's own flags. Example: `[--max-model-len, '8192']`. "
-                               "Default: none.",
-                               items={"type": "string", "description": "One command-line argument."}),
+            "extraArgs": typed(
+                "array",
+                "extraArgs are appended to the engine command line after "
+                "the operator's own flags. Example: `[--max-model-len, '8192']`. "
+                "Default: none.",
+                items={"type": "string", "description": "One command-line argument."},
+            ),
             "env": _env(),
-            "startupTimeoutSeconds": _int("startupTimeoutSeconds is how long rank 0 may take to "
-                                          "load weights and answer /health before the group "
-                                          "counts as failed. Example: `1800`. Default: `1200`.",
-                                          "engine.startupTimeoutSeconds", 10, 86400),
+            "startupTimeoutSeconds": _int(
+                "startupTimeoutSeconds is how long rank 0 may take to "
+                "load weights and answer /health before the group "
+                "counts as failed. Example: `1800`. Default: `1200`.",
+                "engine.startupTimeoutSeconds",
+                10,
+                86400,
+            ),
         },
         default={},
     )

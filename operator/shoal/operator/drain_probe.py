@@ -42,7 +42,8 @@ def in_flight(text: str) -> int | None:
 
 
 async def fetch_metrics(url: str) -> str:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)) as s:
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
         async with s.get(url) as r:
             r.raise_for_status()
             return await r.text()

@@ -30,9 +30,19 @@ class Failure:
 
     def to_status(self) -> dict:
         d = asdict(self)
-        out = {"group": d["group"], "rank": d["rank"], "pod": d["pod"], "node": d["node"],
-               "exitCode": d["exit_code"], "signal": d["signal"], "reason": d["reason"],
-               "cause": d["cause"], "permanent": d["permanent"], "message": d["message"], "time": d["time"]}
+        out = {
+            "group": d["group"],
+            "rank": d["rank"],
+            "pod": d["pod"],
+            "node": d["node"],
+            "exitCode": d["exit_code"],
+            "signal": d["signal"],
+            "reason": d["reason"],
+            "cause": d["cause"],
+            "permanent": d["permanent"],
+            "message": d["message"],
+            "time": d["time"],
+        }
         return {k: v for k, v in out.items() if v not in (None, "")} | {"permanent": self.permanent}
 
     @property
@@ -97,10 +107,17 @@ def failure_of(pod: dict) -> Failure | None:
     message = parsed.message or (f"container exited with code {code} ({reason}) without a "
                                  "termination message" if code is not None else reason)
     return Failure(
-        group=int(labels.get(L.LABEL_GROUP, -1)), rank=int(labels.get(L.LABEL_RANK, -1)),
-        pod=meta["name"], uid=meta.get("uid", ""), node=(pod.get("spec") or {}).get("nodeName") or "",
-        exit_code=code, signal=signal, reason=reason, cause=cause.value,
-        permanent=is_permanent(cause), message=message,
+        group=int(labels.get(L.LABEL_GROUP, -1)),
+        rank=int(labels.get(L.LABEL_RANK, -1)),
+        pod=meta["name"],
+        uid=meta.get("uid", ""),
+        node=(pod.get("spec") or {}).get("nodeName") or "",
+        exit_code=code,
+        signal=signal,
+        reason=reason,
+        cause=cause.value,
+        permanent=is_permanent(cause),
+        message=message,
         time=term.get("finishedAt") or meta.get("creationTimestamp") or "",
     )
 
@@ -111,5 +128,6 @@ def root_cause(pods: list[dict]) -> Failure | None:
     failures = [f for f in (failure_of(p) for p in pods) if f]
     if not failures:
         return None
-    generic = {Cause.PEER_LOST.value, Cause.UNEXPECTED_EXIT.value, Cause.UNKNOWN.value, Cause.SIGNALED.value}
+    generic = {Cause.PEER_LOST.value, Cause.UNEXPECTED_EXIT.value, Cause.UNKNOWN.value,
+               Cause.SIGNALED.value}
     return min(failures, key=lambda f: (f.time or "~", f.cause in generic, f.rank))

@@ -72,7 +72,8 @@ class Kube:
                 return None
             raise
 
-    def list(self, api_version: str, plural: str, namespace: str | None, selector: str = "") -> list[dict]:
+    def list(self, api_version: str, plural: str, namespace: str | None,
+             selector: str = "") -> list[dict]:
         self._count("list", plural, self.reads)
         query = {"labelSelector": selector} if selector else {}
         return self.request("GET", path(api_version, plural, namespace), query=query)["items"]
@@ -84,7 +85,8 @@ class Kube:
         plural = PLURALS[obj["kind"]]
         self._count("create", plural)
         try:
-            return self.request("POST", path(obj["apiVersion"], plural, obj["metadata"].get("namespace")), body=obj)
+            url = path(obj["apiVersion"], plural, obj["metadata"].get("namespace"))
+            return self.request("POST", url, body=obj)
         except ApiException as e:
             if e.status == 409:
                 return None
@@ -94,8 +96,12 @@ class Kube:
               sub: str | None = None) -> dict | None:
         self._count("patch" if not sub else f"patch/{sub}", plural)
         try:
-            return self.request("PATCH", path(api_version, plural, namespace, name, sub), body=patch,
-                                content_type="application/merge-patch+json")
+            return self.request(
+                "PATCH",
+                path(api_version, plural, namespace, name, sub),
+                body=patch,
+                content_type="application/merge-patch+json",
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -105,7 +111,8 @@ class Kube:
         plural = PLURALS[obj["kind"]]
         self._count("update", plural)
         meta = obj["metadata"]
-        return self.request("PUT", path(obj["apiVersion"], plural, meta["namespace"], meta["name"]), body=obj)
+        url = path(obj["apiVersion"], plural, meta["namespace"], meta["name"])
+        return self.request("PUT", url, body=obj)
 
     def delete(self, api_version: str, plural: str, namespace: str, name: str,
                grace_seconds: int | None = None, uid: str | None = None) -> bool:
@@ -128,7 +135,8 @@ class Kube:
     def resources(self, group_version: str) -> set[str]:
         """Plural resource names the server serves for one group/version (API discovery)."""
         try:
-            return {r["name"] for r in self.request("GET", path(group_version, "").rstrip("/"))["resources"]}
+            found = self.request("GET", path(group_version, "").rstrip("/"))
+            return {r["name"] for r in found["resources"]}
         except ApiException as e:
             if e.status == 404:
                 return set()

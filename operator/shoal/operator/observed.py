@@ -1,9 +1,11 @@
-"""What a pass observed and carries between its steps: pure helpers over pod dicts and the
-per-pass planning state (the actions decided so far). No API calls here."""
+"""What a pass observed (`Observed`), what earlier passes left in status (`Memory`), and what it
+carries between its steps: pure helpers over pod dicts and the per-pass planning state (the
+actions decided so far). No API calls here."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shoal.operator import labels as L
@@ -36,6 +38,38 @@ def pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What this pass read: which resource (its identity names every child), whether it is
+    being deleted and its generation, its engine pods by group and rank, and the last in-flight
+    count of each draining rank 0 (drain_probe.py)."""
+
+    ref: EngineRef
+    pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
+    # draining group -> rank 0's requests in flight
+    in_flight: Mapping[int, int] = field(default_factory=dict)
+    deleting: bool = False
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What earlier passes left in status: per group its restarts, backoff deadline, the death
+    already handled; the last failure and the restart total. A restarted operator reads the same."""
+
+    groups: Mapping[int, dict] = field(default_factory=dict)
+    last_failure: dict | None = None
+    restart_count: int = 0
+
+    @classmethod
+    def of(cls, status: dict) -> Memory:
+        return cls(
+            groups={int(g["index"]): dict(g) for g in status.get("groups") or []},
+            last_failure=status.get("lastFailure"),
+            restart_count=int(status.get("restartCount", 0)),
+        )
+
+
 @dataclass
 class PassState:
     """One pass's planning state inside `plan()`: its inputs, and what it decided so far (the
@@ -62,7 +96,9 @@ class PassState:
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.5)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        if self.requeue_after is not None:
+            seconds = min(self.requeue_after, seconds)
+        self.requeue_after = seconds
 
 
 def owned_by(pod: dict, uid: str | None) -> bool:
@@ -80,20 +116,36 @@ def metrics_url(pod: dict) -> str | None:
 
 
 def ranks_status(pods: dict[int, dict]) -> list[dict]:
-    return [{"rank": r, "pod": p["metadata"]["name"], "node": (p.get("spec") or {}).get("nodeName") or "",
-             "phase": (p.get("status") or {}).get("phase") or "Pending", "ready": pod_ready(p)}
-            for r, p in sorted(pods.items())]
+    return [
+        {
+            "rank": r,
+            "pod": p["metadata"]["name"],
+            "node": (p.get("spec") or {}).get("nodeName") or "",
+            "phase": (p.get("status") or {}).get("phase") or "Pending",
+            "ready": pod_ready(p),
+        }
+        for r, p in sorted(pods.items())
+    ]
 
 
 def vanished(st: PassState, g: int, mem: dict, pods: dict[int, dict], nodes: int) -> Failure:
     missing = sorted(set(range(nodes)) - set(pods))
     any_pod = next(iter(pods.values()))
-    return Failure(group=g, rank=missing[0], pod=L.pod_name(st.ref.name, g, missing[0]),
-                   uid=f"missing-{any_pod['metadata'].get('uid')}", node="", exit_code=None, signal=None,
-                   reason="Deleted", cause="unexpected_exit", permanent=False,
-                   message=f"pod of rank {missing[0]} disappeared while the group was ready "
-                           "(deleted or evicted by someone other than the operator)",
-                   time=iso(st.now))
+    return Failure(
+        group=g,
+        rank=missing[0],
+        pod=L.pod_name(st.ref.name, g, missing[0]),
+        uid=f"missing-{any_pod['metadata'].get('uid')}",
+        node="",
+        exit_code=None,
+        signal=None,
+        reason="Deleted",
+        cause="unexpected_exit",
+        permanent=False,
+        message=(f"pod of rank {missing[0]} disappeared while the group was ready "
+                 "(deleted or evicted by someone other than the operator)"),
+        time=iso(st.now),
+    )
 
 
 def no_empty_strings(obj):
@@ -145,13 +197,22 @@ def stalled(st: PassState, g: int, pods: dict[int, dict], startup_timeout: int) 
         return None
     rank, pod = next((r, p) for r, p in sorted(pods.items()) if not pod_ready(p))
     why = waiting_reason(pod) or f"pod phase {(pod.get('status') or {}).get('phase') or 'Pending'}"
-    return Failure(group=g, rank=rank, pod=pod["metadata"]["name"],
-                   uid=f"stalled-{pod['metadata'].get('uid')}", node=(pod.get("spec") or {}).get("nodeName") or "",
-                   exit_code=None, signal=None, reason="Stalled", cause="stalled", permanent=False,
-                   message=f"rank {rank} not Ready {int((st.now - min(created)).total_seconds())}s after "
-                           f"its group was created (limit {limit}s: engine.startupTimeoutSeconds "
-                           f"+ {STALL_MARGIN_SECONDS}s); {why}",
-                   time=iso(deadline))
+    return Failure(
+        group=g,
+        rank=rank,
+        pod=pod["metadata"]["name"],
+        uid=f"stalled-{pod['metadata'].get('uid')}",
+        node=(pod.get("spec") or {}).get("nodeName") or "",
+        exit_code=None,
+        signal=None,
+        reason="Stalled",
+        cause="stalled",
+        permanent=False,
+        message=(f"rank {rank} not Ready {int((st.now - min(created)).total_seconds())}s after "
+                 f"its group was created (limit {limit}s: engine.startupTimeoutSeconds "
+                 f"+ {STALL_MARGIN_SECONDS}s); {why}"),
+        time=iso(deadline),
+    )
 
 
 IMAGE_WAITS = ("ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff")
@@ -163,11 +224,14 @@ def startup_stage(pods: dict[int, dict]) -> GroupStage:
     for p in pods.values():
         status = p.get("status") or {}
         scheduled = (p.get("spec") or {}).get("nodeName") or any(
-            c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or [])
-        waits = [(cs.get("state") or {}).get("waiting") for cs in status.get("containerStatuses") or []]
+            c.get("type") == "PodScheduled" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        containers = status.get("containerStatuses") or []
+        waits = [(cs.get("state") or {}).get("waiting") for cs in containers]
         if not scheduled:
             stages.append(GroupStage.SCHEDULING)
-        elif not status.get("containerStatuses") or any(w and w.get("reason") in IMAGE_WAITS for w in waits):
+        elif not containers or any(w and w.get("reason") in IMAGE_WAITS for w in waits):
             stages.append(GroupStage.PULLING_IMAGE)
         elif any(waits):
             stages.append(GroupStage.RESTARTING)

@@ -28,6 +28,8 @@ from shoal.operator.backoff import restart_delay, restarts_exhausted
 from shoal.operator.events import NORMAL, WARNING
 from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
 from shoal.operator.observed import (
+    Memory,
+    Observed,
     PassState,
     iso,
     iso_not_before,
@@ -42,37 +44,8 @@ from shoal.operator.observed import (
 )
 from shoal.operator.phases import GroupPhase, GroupStage
 from shoal.operator.shutdown import stop, teardown_dead
-from shoal.operator.spec import EngineRef, EngineSpec
+from shoal.operator.spec import EngineSpec
 from shoal.operator.validation import spec_problems
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What this pass read: which resource (its identity names every child), whether it is
-    being deleted and its generation, its engine pods by group and rank, and the last in-flight
-    count of each draining rank 0 (drain_probe.py)."""
-
-    ref: EngineRef
-    pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
-    # draining group -> rank 0's requests in flight
-    in_flight: Mapping[int, int] = field(default_factory=dict)
-    deleting: bool = False
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What earlier passes left in status: per group its restarts, backoff deadline, the death
-    already handled; the last failure and the restart total. A restarted operator reads the same."""
-
-    groups: Mapping[int, dict] = field(default_factory=dict)
-    last_failure: dict | None = None
-    restart_count: int = 0
-
-    @classmethod
-    def of(cls, status: dict) -> Memory:
-        return cls(groups={int(g["index"]): dict(g) for g in status.get("groups") or []},
-                   last_failure=status.get("lastFailure"), restart_count=int(status.get("restartCount", 0)))
 
 
 @dataclass(frozen=True)
@@ -86,7 +59,8 @@ class Plan:
     revision: str
     last_failure: dict | None
     restart_count: int
-    drain_probes: Mapping[int, str] = field(default_factory=dict)  # draining group -> rank 0's /metrics
+    # draining group -> rank 0's /metrics
+    drain_probes: Mapping[int, str] = field(default_factory=dict)
 
 
 def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime) -> Plan:
@@ -127,12 +101,22 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
 
     if not problems and not deleting:
         _roll_one(st, groups, by_group)
-    ready = tuple(g["index"] for g in groups if g["phase"] == GroupPhase.READY and g["index"] < replicas)
+    ready = tuple(g["index"] for g in groups
+                  if g["phase"] == GroupPhase.READY and g["index"] < replicas)
     if not problems and not deleting:
         st.act(WriteDiscovery(ready))
-    return Plan(actions=tuple(st.actions), requeue_after=st.requeue_after, groups=tuple(groups),
-                ready_groups=ready, problems=tuple(problems), replicas=replicas, revision=st.spec.revision,
-                last_failure=st.last_failure, restart_count=st.restart_count, drain_probes=dict(st.drain_probes))
+    return Plan(
+        actions=tuple(st.actions),
+        requeue_after=st.requeue_after,
+        groups=tuple(groups),
+        ready_groups=ready,
+        problems=tuple(problems),
+        replicas=replicas,
+        revision=st.spec.revision,
+        last_failure=st.last_failure,
+        restart_count=st.restart_count,
+        drain_probes=dict(st.drain_probes),
+    )
 
 
 def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
@@ -143,17 +127,18 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     quiet = not any(is_stopping(p) for p in pods.values())
 
     death = root_cause(list(pods.values()))
-    if death is None and pods and quiet and mem.get("phase") == GroupPhase.READY and len(pods) < nodes:
+    phase = mem.get("phase")
+    if death is None and pods and quiet and phase == GroupPhase.READY and len(pods) < nodes:
         death = vanished(st, g, mem, pods, nodes)
-    if death is None and pods and quiet and mem.get("phase") == GroupPhase.STARTING and not all(
+    if death is None and pods and quiet and phase == GroupPhase.STARTING and not all(
             pod_ready(p) for p in pods.values()):
         death = stalled(st, g, pods, st.spec.startup_timeout_seconds)
     if death and death.key != mem.get("failureKey"):
         return _on_death(st, g, mem, pods, death)
 
-    phase = mem.get("phase")
     if phase == GroupPhase.FAILED:
-        if revision_of(pods) not in (None, st.spec.revision) or (not pods and mem.get("revision") != st.spec.revision):
+        rev = st.spec.revision
+        if revision_of(pods) not in (None, rev) or (not pods and mem.get("revision") != rev):
             # The spec changed since the permanent failure: try again from scratch, once the
             # old pods are gone (the BackingOff step below, due at once).
             teardown_dead(st, pods)
@@ -169,12 +154,15 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
         if pods:  # the old ranks are still stopping: no replacement starts beside them
             teardown_dead(st, pods)
             if not due or st.now >= due:  # say why a due restart waits (once: no clock in it)
-                mem["message"] = (f"restart {mem['restarts']} due; waiting for the old pods to stop: "
-                                  + ", ".join(p["metadata"]["name"] for _, p in sorted(pods.items())))
+                mem["message"] = (
+                    f"restart {mem['restarts']} due; waiting for the old pods to stop: "
+                    + ", ".join(p["metadata"]["name"] for _, p in sorted(pods.items()))
+                )
             return mem
         if due and st.now < due:
             return mem
-        st.event(NORMAL, "GroupRestarted", f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
+        st.event(NORMAL, "GroupRestarted",
+                 f"group {g}: recreating all {nodes} ranks (restart {mem['restarts']})")
         mem.pop("nextRestartTime", None)
         return _create(st, g, mem)
     if phase in (GroupPhase.UPDATING, GroupPhase.DRAINING) or not quiet:
@@ -194,9 +182,11 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     if all(pod_ready(p) for p in pods.values()):
         if mem.get("phase") != GroupPhase.READY:
             mem["readySince"] = iso(st.now)
-        mem.update(phase=GroupPhase.READY, stage=GroupStage.READY, message=f"all {nodes} ranks ready")
+        mem.update(phase=GroupPhase.READY, stage=GroupStage.READY,
+                   message=f"all {nodes} ranks ready")
         since = parse_time(mem.get("readySince"))
-        if mem.get("restarts") and since and (st.now - since).total_seconds() >= st.spec.restart.reset_after_seconds:
+        reset_after = st.spec.restart.reset_after_seconds
+        if mem.get("restarts") and since and (st.now - since).total_seconds() >= reset_after:
             mem["restarts"] = 0
         return mem
     ready = sum(pod_ready(p) for p in pods.values())
@@ -214,9 +204,12 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
     st.last_failure = death.to_status()
     mem["failureKey"] = death.key
     mem.pop("readySince", None)
-    st.event(WARNING, "EngineDied",
-             f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
-             f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}")
+    st.event(
+        WARNING,
+        "EngineDied",
+        f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
+        f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}",
+    )
     restarts = int(mem.get("restarts", 0))
     if death.permanent or rp.never or restarts_exhausted(restarts, rp.max_restarts):
         why = ("a restart cannot fix it; fix the spec to retry" if death.permanent
@@ -224,7 +217,8 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
                else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
         mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.spec.revision,
                    message=f"rank {death.rank} {death.cause}: not restarting: {why}")
-        st.event(WARNING, "RestartSkipped", f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
+        st.event(WARNING, "RestartSkipped",
+                 f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
         # Keep the failed pod for its logs; stop the ranks that are still running.
         teardown_dead(st, {r: p for r, p in pods.items() if failure_of(p) is None})
         return mem
@@ -234,7 +228,8 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
     mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts,
                nextRestartTime=iso_not_before(st.now + dt.timedelta(seconds=delay)),
                message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
-    st.event(NORMAL, "GroupRestarting", f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
+    st.event(NORMAL, "GroupRestarting",
+             f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
     # A tensor-parallel group with a dead rank cannot continue: all ranks go at once.
     teardown_dead(st, pods)
     st.requeue(delay)
@@ -252,15 +247,18 @@ def _watch_only(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict
         st.event(WARNING, "EngineDied",
                  f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
                  f"{death.exit_code}): {death.message}; not restarting while the spec is invalid")
-        mem.update(phase=GroupPhase.FAILED,
-                   message=f"rank {death.rank} {death.cause}: not restarting while the spec is invalid")
+        mem.update(
+            phase=GroupPhase.FAILED,
+            message=f"rank {death.rank} {death.cause}: not restarting while the spec is invalid",
+        )
     mem.setdefault("phase", GroupPhase.PENDING)
     return mem
 
 
 def _create(st: PassState, g: int, mem: dict, existing: dict | None = None) -> dict:
     existing = existing or {}
-    missing = {int(p["metadata"]["labels"][L.LABEL_RANK]): p for p in render.group_pods(st.ref, st.spec, g)}
+    missing = {int(p["metadata"]["labels"][L.LABEL_RANK]): p
+               for p in render.group_pods(st.ref, st.spec, g)}
     missing = {r: p for r, p in missing.items() if r not in existing}
     st.act(CreatePods(g, tuple(sorted(missing))))
     st.created.setdefault(g, {}).update(missing)
@@ -277,13 +275,18 @@ def _roll_one(st: PassState, groups: list[dict], by_group: dict[int, dict[int, d
     ready ones, lowest index first."""
     if any(g["phase"] == GroupPhase.UPDATING for g in groups):
         return
-    if any(g.get("revision") == st.spec.revision and g["phase"] == GroupPhase.STARTING for g in groups):
+    rev = st.spec.revision
+    if any(g.get("revision") == rev and g["phase"] == GroupPhase.STARTING for g in groups):
         return
     for g in sorted(groups, key=lambda g: (g["phase"] == GroupPhase.READY, g["index"])):
         pods = by_group.get(g["index"], {})
-        if pods and g["phase"] in (GroupPhase.READY, GroupPhase.STARTING) and g.get("revision") != st.spec.revision:
-            st.event(NORMAL, "GroupUpdating",
-                     f"group {g['index']}: rolling to revision {st.spec.revision} (one group at a time)")
+        live = g["phase"] in (GroupPhase.READY, GroupPhase.STARTING)
+        if pods and live and g.get("revision") != rev:
+            st.event(
+                NORMAL,
+                "GroupUpdating",
+                f"group {g['index']}: rolling to revision {st.spec.revision} (one group at a time)",
+            )
             g.update(stop(st, g["index"], g, pods, "update"))
             g["ranks"] = ranks_status(pods)
             return

@@ -3,14 +3,19 @@
 The chart turns RULES into a ClusterRole (with --all-namespaces) or a Role per watched
 namespace. NAMESPACE_RULES is needed in namespaced mode: kopf lists and watches namespaces
 whenever it is given --namespace (to follow globs), and never with --all-namespaces; without it
-kopf retries a forbidden namespace list for ~20 s at start (found by test_rbac_enforced.py). Each rule says who uses it.
+kopf retries a forbidden namespace list for ~20 s at start (found by test_rbac_enforced.py).
+Each rule says who uses it.
 """
 
 from __future__ import annotations
 
 RULES: list[dict] = [
     # kopf watches the resources; kopf patches finalizers and its annotations (metadata only).
-    {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines"], "verbs": ["get", "list", "watch", "patch"]},
+    {
+        "apiGroups": ["shoal.dev"],
+        "resources": ["inferenceengines"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
     # reconcile.py writes status through the status subresource only.
     {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/status"], "verbs": ["patch"]},
     # Owner references with blockOwnerDeletion need update on the owner's finalizers.
@@ -21,19 +26,35 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch"]},
     # The discovery ConfigMap: created, then patched; list/watch only because the frontends' Role
     # grants them on it, and RBAC lets the operator grant only what it holds.
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
     # The frontends' ServiceAccount, and its Role and RoleBinding (read the discovery ConfigMap).
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create", "patch"]},
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "create", "patch"],
+    },
     # Engine deaths, restarts and drains as Events (ours and kopf's own error reports).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # The frontend Deployment.
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch"]},
     # The engines' PodDisruptionBudget (policy/v1, or v1beta1 on 1.20: same group).
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "create", "patch"],
+    },
     # kopf follows CRDs so that a CRD installed after the operator started is still served
     # (cluster-scoped: needs a ClusterRole even for a namespaced operator).
-    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["list", "watch"],
+    },
 ]
 
 NAMESPACE_RULES: list[dict] = [

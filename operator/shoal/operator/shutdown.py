@@ -48,11 +48,12 @@ def teardown_dead(st: PassState, pods: dict[int, dict]) -> None:
     ran out FORCE_AFTER_SECONDS ago (a node that no longer answers)."""
     for r, p in sorted(pods.items()):
         gone_at = parse_time(p["metadata"].get("deletionTimestamp"))
-        overdue = gone_at is not None and st.now >= gone_at + dt.timedelta(seconds=FORCE_AFTER_SECONDS)
+        force_at = gone_at + dt.timedelta(seconds=FORCE_AFTER_SECONDS) if gone_at else None
+        overdue = force_at is not None and st.now >= force_at
         ended = terminated_state(p) is not None
         teardown(st, {r: p}, grace=0 if ended or overdue else DEAD_GROUP_GRACE_SECONDS)
         if gone_at is not None and not (ended or overdue):
-            st.requeue((gone_at + dt.timedelta(seconds=FORCE_AFTER_SECONDS) - st.now).total_seconds())
+            st.requeue((force_at - st.now).total_seconds())
 
 
 def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -> dict | None:
@@ -63,7 +64,8 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
             _drain_done(st, g, mem)
         return None if reason in ("scale-down", "delete") else mem
     timeout = st.spec.shutdown_timeout_seconds
-    mem.update(phase=GroupPhase.UPDATING if reason == "update" else GroupPhase.DRAINING, stopReason=reason)
+    mem.update(phase=GroupPhase.UPDATING if reason == "update" else GroupPhase.DRAINING,
+               stopReason=reason)
     rank0 = pods.get(0)
     # Once rank 0 drains, its headless ranks exiting is part of the stop: node 0 tells them
     # to stop when its engine ends (found on real pods: rank 1 exited before the kubelet
@@ -85,9 +87,12 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
                 st.act(WriteDiscovery(tuple(sorted(st.serving))))
             st.act(DeletePod(rank0["metadata"]["name"], rank0["metadata"].get("uid"), None))
             mem["drainStartTime"] = iso(st.now)
-            st.event(NORMAL, "DrainStarted",
-                     f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
-                     f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes")
+            st.event(
+                NORMAL,
+                "DrainStarted",
+                f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
+                f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes",
+            )
         # No elapsed seconds here: the status changes when the drain starts and ends, not
         # every pass. Rank 0's container ending is a pod event; the deadline is a wake-up.
         started = parse_time(mem.get("drainStartTime")) or st.now
@@ -95,7 +100,8 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
         if (url := metrics_url(rank0)) is not None:
             st.drain_probes[g] = url
         if (n := st.in_flight.get(g)) is not None:  # the last count read from rank 0's /metrics
-            mem["message"] = f"draining: {n} request{'s' if n != 1 else ''} in flight; " + mem["message"]
+            requests = f"{n} request{'s' if n != 1 else ''}"
+            mem["message"] = f"draining: {requests} in flight; " + mem["message"]
         deadline = started + dt.timedelta(seconds=timeout + SHUTDOWN_MARGIN_SECONDS)
         st.requeue(max((deadline - st.now).total_seconds(), 2.0))
         return mem
@@ -114,6 +120,8 @@ def _drain_done(st: PassState, g: int, mem: dict) -> None:
     timeout = st.spec.shutdown_timeout_seconds
     took = (st.now - (parse_time(mem.pop("drainStartTime")) or st.now)).total_seconds()
     if took <= timeout + SHUTDOWN_MARGIN_SECONDS:
-        st.event(NORMAL, "DrainFinished", f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
+        st.event(NORMAL, "DrainFinished",
+                 f"group {g}: rank 0 finished draining in {took:.0f}s (limit {timeout}s)")
     else:
-        st.event(WARNING, "DrainOverdue", f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")
+        st.event(WARNING, "DrainOverdue",
+                 f"group {g}: rank 0 took {took:.0f}s, past its {timeout}s drain limit")

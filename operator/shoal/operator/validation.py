@@ -11,9 +11,27 @@ from shoal.operator import vllm_version
 from shoal.operator.spec import EngineSpec
 
 VOLUME_SOURCES = {
-    "persistentVolumeClaim", "hostPath", "nfs", "csi", "emptyDir", "configMap", "secret",
-    "ephemeral", "image", "iscsi", "cephfs", "rbd", "glusterfs", "projected", "awsElasticBlockStore",
-    "gcePersistentDisk", "azureDisk", "azureFile", "fc", "flexVolume", "downwardAPI",
+    "persistentVolumeClaim",
+    "hostPath",
+    "nfs",
+    "csi",
+    "emptyDir",
+    "configMap",
+    "secret",
+    "ephemeral",
+    "image",
+    "iscsi",
+    "cephfs",
+    "rbd",
+    "glusterfs",
+    "projected",
+    "awsElasticBlockStore",
+    "gcePersistentDisk",
+    "azureDisk",
+    "azureFile",
+    "fc",
+    "flexVolume",
+    "downwardAPI",
 }
 
 

@@ -72,27 +72,37 @@ def problems(es: EngineSpec) -> list[str]:
         return []
     out = []
     if image_repository(es.image) == image_repository(ENGINE_IMAGE):
-        out.append(f"spec.image is {es.image}, a Shoal image, but spec.runtime VLLM runs `vllm serve`: "
-                   f"name a vLLM image, e.g. vllm/vllm-openai:v{TESTED_VERSION}")
+        out.append(
+            f"spec.image is {es.image}, a Shoal image, but spec.runtime VLLM runs `vllm serve`: "
+            f"name a vLLM image, e.g. vllm/vllm-openai:v{TESTED_VERSION}"
+        )
     tag = image_tag(es.image)
     if es.runtime_version:
         version = parse(es.runtime_version)
         if version is None:
-            return out + [f"spec.runtimeVersion {es.runtime_version!r} is not a vLLM release such as "
-                          f"{TESTED_VERSION}"]
+            return out + [
+                f"spec.runtimeVersion {es.runtime_version!r} is not a vLLM release such as "
+                f"{TESTED_VERSION}"
+            ]
         if parse(tag) is not None and parse(tag) != version:
             out.append(f"spec.runtimeVersion {es.runtime_version} contradicts the release in "
                        f"spec.image ({es.image}): make them the same")
     else:
         version = parse(tag)
         if version is None:
-            return out + [f"spec.runtimeVersion must say which vLLM release spec.image ({es.image}) runs: "
-                          "its tag names none (or tag the image with the release, e.g. "
-                          f"vllm/vllm-openai:v{TESTED_VERSION})"]
+            return out + [
+                f"spec.runtimeVersion must say which vLLM release spec.image ({es.image}) runs: "
+                "its tag names none (or tag the image with the release, e.g. "
+                f"vllm/vllm-openai:v{TESTED_VERSION})"
+            ]
     if version < OLDEST:
-        out.append(f"vLLM {show(version)} (spec.runtimeVersion or the spec.image tag) is older than "
-                   f"{show(OLDEST)}, the oldest release the operator supports")
+        out.append(
+            f"vLLM {show(version)} (spec.runtimeVersion or the spec.image tag) is older than "
+            f"{show(OLDEST)}, the oldest release the operator supports"
+        )
     elif es.nodes_per_group > 1 and version < FLAG_SINCE["--nnodes"]:
-        out.append(f"spec.nodesPerGroup {es.nodes_per_group} needs vLLM >= {show(FLAG_SINCE['--nnodes'])} "
-                   f"({', '.join(MULTI_NODE_FLAGS)}); spec.image {es.image} runs {show(version)}")
+        out.append(
+            f"spec.nodesPerGroup {es.nodes_per_group} needs vLLM >= {show(FLAG_SINCE['--nnodes'])} "
+            f"({', '.join(MULTI_NODE_FLAGS)}); spec.image {es.image} runs {show(version)}"
+        )
     return out

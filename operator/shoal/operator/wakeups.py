@@ -17,7 +17,8 @@ log = logging.getLogger("shoal.operator.wakeups")
 
 
 class Wakeups:
-    def __init__(self, run: Callable[[Hashable], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, run: Callable[[Hashable], None],
+                 clock: Callable[[], float] = time.monotonic):
         self._run = run
         self._clock = clock
         self._due: dict[Hashable, float] = {}
@@ -32,7 +33,8 @@ class Wakeups:
                 return
             self._due[key] = at
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="shoal-wakeups", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="shoal-wakeups",
+                                                daemon=True)
                 self._thread.start()
             self._cond.notify()
 
