@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 from shoal.devcluster import build
-from shoal.devcluster import control_plane as cpmod
-from shoal.devcluster.layout import k8s_cache
+from shoal.devcluster import control_plane as cpmod  # also tests/packaging/test_rbac_enforced
+from shoal.devcluster.layout import cache_root
 from shoal.devcluster.procs import DevClusterError
 from support.wait import wait_for
 
@@ -112,8 +112,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _build_log_path() -> Path:
     """The build's log next to the cache, or in /tmp if the cache cannot be created."""
     try:
-        k8s_cache().parent.mkdir(parents=True, exist_ok=True)
-        return k8s_cache().parent / "k8s-build.log"
+        cache_root().mkdir(parents=True, exist_ok=True)
+        return cache_root() / "k8s-build.log"
     except OSError:
         fd, path = tempfile.mkstemp(prefix="shoal-k8s-build-", suffix=".log")
         os.close(fd)
