@@ -49,5 +49,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 
+# One benchmark script with the test support on the path (models, servers, the cluster):
+# make bench B=throughput ARGS="--model tiny"   (benchmarks/README.md lists them)
+bench: venv
+	PYTHONPATH=tests $(BIN)/python benchmarks/$(B).py $(ARGS)
+
 clean:
 	rm -rf $(VENV)

@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent))
-from prefix_routing import MODELS, cpu_flags, free_port, pct, wait_healthy, wait_usable  # noqa: E402,E501
+from prefix_routing import MODELS, cpu_flags, free_port, pct, wait_healthy, wait_usable
 
 
 def timed(client: httpx.Client, url: str, stream: bool, max_tokens: int) -> float:

@@ -31,9 +31,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-
-sys.path.insert(0, str(Path(__file__).parent))
-from serve import launch, pct, run  # noqa: E402
+from serve import launch, pct, run
 
 MODELS = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal")) / "models"
 SHOAL = str(Path(sys.executable).parent / "shoal")

@@ -18,9 +18,8 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from prefix_routing import cpu_flags  # noqa: E402
-from serve import RssSampler, launch, run  # noqa: E402
+from prefix_routing import cpu_flags
+from serve import RssSampler, launch, run
 
 MODELS = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal")) / "models"
 KV = {"tiny": "1G", "small": "2G"}

@@ -24,24 +24,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 
 from shoal.engine.worker.cpu.cpus import omp_wait_env
 
-# As the engine process does (core/engine_core_proc/proc.main), before torch loads OpenMP: idle OpenMP
-# threads sleep unless this process is pinned or the environment says otherwise (cpus.py).
+# As the engine process does (core/engine_core_proc/proc.main), before torch loads OpenMP:
+# idle OpenMP threads sleep unless this process is pinned or the environment says otherwise
+# (cpus.py).
 OMP_ENV, OMP_WHY = omp_wait_env()
 os.environ.update(OMP_ENV)
 
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402 - after the OpenMP environment is set
 from prefix_routing import cpu_flags  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 class PhaseClock:

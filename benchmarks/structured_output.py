@@ -14,15 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from multirank import cpu_line  # noqa: E402
-from throughput import Clock, make_prompts, model_dir  # noqa: E402
+from multirank import cpu_line
+from throughput import Clock, make_prompts, model_dir
 
 # Long enough that no request reaches the grammar's end before --output-len tokens.
 SCHEMA = {"type": "object", "properties": {

@@ -12,13 +12,10 @@ output tokens/s of each and the ratio.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def model_dir(size: str) -> str:
