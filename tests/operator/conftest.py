@@ -55,7 +55,9 @@ def crd_installed(kube) -> dict:
 
 @pytest.fixture(scope="module")
 def operator(control_plane, crd_installed, kube, tmp_path_factory):
-    op = OperatorProcess(control_plane, "opt-*", tmp_path_factory.mktemp("operator") / "operator.log").start()
+    op = OperatorProcess(
+        control_plane, "opt-*", tmp_path_factory.mktemp("operator") / "operator.log"
+    ).start()
     # kopf answers its liveness probe before it follows namespaces that match its pattern; a
     # namespace created in that moment was seen to be missed (issue noted in docs/operator.md).
     # A first resource, created after the start, must get its pods before any test begins.

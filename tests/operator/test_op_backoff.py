@@ -13,6 +13,8 @@ def test_delay_doubles_from_base_up_to_the_cap(restarts, base, cap, delay):
     assert restart_delay(restarts, base, cap) == delay
 
 
-@pytest.mark.parametrize("restarts, limit, done", [(0, 3, False), (2, 3, False), (3, 3, True), (1000, 0, False)])
+@pytest.mark.parametrize(
+    "restarts, limit, done", [(0, 3, False), (2, 3, False), (3, 3, True), (1000, 0, False)]
+)
 def test_max_restarts_zero_means_unlimited(restarts, limit, done):
     assert restarts_exhausted(restarts, limit) is done

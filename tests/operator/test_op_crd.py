@@ -11,7 +11,9 @@ def test_generated_files_are_up_to_date():
     text = crd.render_yaml()
     for path in crd.OUTPUTS:
         assert path.exists(), f"{path} is missing: run python -m shoal.operator.crd --write"
-        assert path.read_text() == text, f"{path} is stale: run python -m shoal.operator.crd --write"
+        assert path.read_text() == text, (
+            f"{path} is stale: run python -m shoal.operator.crd --write"
+        )
     assert crd.main(["--check"]) == 0
 
 
@@ -33,7 +35,9 @@ def test_every_field_is_typed_and_described():
     for path, node in _walk(_schema()):
         if path.endswith(".metadata") or path.endswith("{}"):
             continue
-        assert node.get("type") or node.get("x-kubernetes-int-or-string"), f"{path} has no type (not structural)"
+        assert node.get("type") or node.get("x-kubernetes-int-or-string"), (
+            f"{path} has no type (not structural)"
+        )
         assert len(node.get("description", "")) > 10, f"{path} has no description"
 
 
@@ -42,7 +46,9 @@ def test_spec_descriptions_start_with_the_field_name_and_give_an_example():
     for path, node in _walk(spec, "spec"):
         leaf = path.rsplit(".", 1)[-1]
         if node.get("type") in ("string", "integer", "boolean") and "[]" not in path:
-            assert node["description"].startswith(leaf), f"{path}: description must start with {leaf!r}"
+            assert node["description"].startswith(leaf), (
+                f"{path}: description must start with {leaf!r}"
+            )
             assert "Example" in node["description"], f"{path}: description needs an example"
 
 
@@ -50,7 +56,8 @@ def test_defaults_and_bounds_are_in_the_schema():
     spec = _schema()["properties"]["spec"]["properties"]
     assert spec["replicas"]["default"] == 1 and spec["replicas"]["minimum"] == 0
     assert spec["shutdown"]["properties"]["timeoutSeconds"]["minimum"] == 0
-    assert spec["restartPolicy"]["properties"]["policy"]["enum"] == ["RecreateGroupOnFailure", "Never"]
+    policy = spec["restartPolicy"]["properties"]["policy"]
+    assert policy["enum"] == ["RecreateGroupOnFailure", "Never"]
     assert spec["frontend"]["default"] == {} and spec["restartPolicy"]["default"] == {}
 
 
@@ -59,7 +66,8 @@ def test_scale_and_status_subresources_and_printer_columns():
     assert version["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector"}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Phase", "Model", "Endpoint", "Age"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Phase", "Model", "Endpoint", "Age"]
 
 
 def test_every_default_is_defined_once_in_spec_py():
@@ -67,7 +75,8 @@ def test_every_default_is_defined_once_in_spec_py():
     field's description names the same value."""
     from shoal.operator.spec import DEFAULTS, EngineSpec
 
-    props = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    props = schema["properties"]["spec"]["properties"]
     for path, value in DEFAULTS.items():
         node = props
         *parents, leaf = path.split(".")

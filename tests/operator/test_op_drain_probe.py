@@ -49,7 +49,9 @@ async def test_a_pass_is_asked_for_only_when_the_count_changes():
     probes.bind(asyncio.get_running_loop())
     probes.follow("ns", "llm", {1: "http://10.0.0.1:8000/metrics"})
     await _until(lambda: engine.reads >= 10)
-    assert asked == [("ns", "llm")] * 3, "4, 2 and 0: one pass per new count, none for a failed read"
+    assert asked == [("ns", "llm")] * 3, (
+        "4, 2 and 0: one pass per new count, none for a failed read"
+    )
     assert probes.counts("ns", "llm") == {1: 0} and probes.counts("ns", "other") == {}
 
     probes.follow("ns", "llm", {})  # the drain ended: the probe stops, its count goes

@@ -8,8 +8,14 @@ from shoal.operator import labels as L
 from shoal.operator.failures import failure_of, root_cause
 
 
-def pod(rank: int, *, terminated: dict | None = None, phase: str = "Running", deleting: bool = False,
-        reason: str | None = None) -> dict:
+def pod(
+    rank: int,
+    *,
+    terminated: dict | None = None,
+    phase: str = "Running",
+    deleting: bool = False,
+    reason: str | None = None,
+) -> dict:
     meta = {"name": f"llm-g0-r{rank}", "uid": f"uid-{rank}",
             "labels": {L.LABEL_GROUP: "0", L.LABEL_RANK: str(rank)}}
     if deleting:
@@ -18,19 +24,31 @@ def pod(rank: int, *, terminated: dict | None = None, phase: str = "Running", de
     if reason:
         status["reason"] = reason
     if terminated is not None:
-        status["containerStatuses"] = [{"name": L.ENGINE_CONTAINER, "state": {"terminated": terminated}}]
+        status["containerStatuses"] = [
+            {"name": L.ENGINE_CONTAINER, "state": {"terminated": terminated}}
+        ]
     return {"metadata": meta, "spec": {"nodeName": "node-a"}, "status": status}
 
 
-def term(code: int, at: str = "2026-11-29T10:00:05Z", message: str = "", reason: str = "Error", **kw) -> dict:
+def term(
+    code: int, at: str = "2026-11-29T10:00:05Z", message: str = "", reason: str = "Error", **kw
+) -> dict:
     return {"exitCode": code, "finishedAt": at, "message": message, "reason": reason, **kw}
 
 
 @pytest.mark.parametrize(
     "p, cause, permanent",
     [
-        (pod(0, terminated=term(1, message=encode(Cause.MODEL_NOT_FOUND, "no /m"))), "model_not_found", True),
-        (pod(0, terminated=term(2, message="shoal serve: error: unrecognized arguments: --x")), "config_error", True),
+        (
+            pod(0, terminated=term(1, message=encode(Cause.MODEL_NOT_FOUND, "no /m"))),
+            "model_not_found",
+            True,
+        ),
+        (
+            pod(0, terminated=term(2, message="shoal serve: error: unrecognized arguments: --x")),
+            "config_error",
+            True,
+        ),
         (pod(1, terminated=term(137, reason="OOMKilled")), "oom_killed", False),
         (pod(1, terminated=term(143)), "signaled", False),
         (pod(0, terminated=term(0, reason="Completed")), "unexpected_exit", False),
@@ -48,14 +66,28 @@ def test_signal_is_derived_from_the_exit_code():
     assert (f.exit_code, f.signal, f.reason) == (137, 9, "OOMKilled")
 
 
-@pytest.mark.parametrize("p", [pod(0), pod(0, terminated=term(0), deleting=True), pod(1, phase="Pending")])
+@pytest.mark.parametrize(
+    "p", [pod(0), pod(0, terminated=term(0), deleting=True), pod(1, phase="Pending")]
+)
 def test_running_or_operator_stopped_pods_are_not_failures(p):
     assert failure_of(p) is None
 
 
 def test_the_first_rank_to_die_is_the_root_cause():
-    pods = [pod(0, terminated=term(1, at="2026-11-29T10:00:09Z", message=encode(Cause.PEER_LOST, "rank 1 gone"))),
-            pod(1, terminated=term(1, at="2026-11-29T10:00:02Z", message=encode(Cause.COLLECTIVE_TIMEOUT, "nccl")))]
+    pods = [
+        pod(
+            0,
+            terminated=term(
+                1, at="2026-11-29T10:00:09Z", message=encode(Cause.PEER_LOST, "rank 1 gone")
+            ),
+        ),
+        pod(
+            1,
+            terminated=term(
+                1, at="2026-11-29T10:00:02Z", message=encode(Cause.COLLECTIVE_TIMEOUT, "nccl")
+            ),
+        ),
+    ]
     assert (root_cause(pods).rank, root_cause(pods).cause) == (1, "collective_timeout")
 
 

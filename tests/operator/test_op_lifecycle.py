@@ -26,7 +26,11 @@ def _ready_all(core, kube, ns, name, group=None):
     for pod in pods(kube, ns, name, group).values():
         if not pod["metadata"].get("deletionTimestamp"):
             kubelet.set_ready(core, pod["metadata"]["name"], ns)
-    wait_for(lambda: kubelet.ready_frontends(core, name, ns) > 0, timeout=10, what=f"frontend pods of {name}")
+    wait_for(
+        lambda: kubelet.ready_frontends(core, name, ns) > 0,
+        timeout=10,
+        what=f"frontend pods of {name}",
+    )
 
 
 def _status(kube, ns, name):
@@ -60,10 +64,15 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, core, ns):
     assert dep["spec"]["replicas"] == 2 and dep["metadata"]["ownerReferences"][0]["uid"] == owner
     assert kube.get("v1", "services", ns, "llm")["spec"]["ports"][0]["port"] == 8000
     assert kube.get("v1", "services", ns, "llm-ranks")["spec"]["clusterIP"] == "None"
-    pdb_api = "policy/v1" if "poddisruptionbudgets" in kube.resources("policy/v1") else "policy/v1beta1"
+    pdb_api = (
+        "policy/v1" if "poddisruptionbudgets" in kube.resources("policy/v1") else "policy/v1beta1"
+    )
     assert kube.get(pdb_api, "poddisruptionbudgets", ns, "llm-engines") is not None
 
-    st = wait_for(lambda: (lambda s: s if s.get("ready") == "0/2" else None)(_status(kube, ns, "llm")), timeout=10)
+    st = wait_for(
+        lambda: (lambda s: s if s.get("ready") == "0/2" else None)(_status(kube, ns, "llm")),
+        timeout=10,
+    )
     assert st["phase"] == "Progressing" and st["endpoint"] == f"http://llm.{ns}.svc:8000/v1"
     assert st["selector"] == f"{L.LABEL_ENGINE}=llm,{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
 
@@ -72,7 +81,10 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, core, ns):
     cm = kube.get("v1", "configmaps", ns, "llm-engines")
     assert [g["group"] for g in json.loads(cm["data"][discovery.KEY])["groups"]] == [0]
     _ready_all(core, kube, ns, "llm", group=1)
-    st = wait_for(lambda: (lambda s: s if s.get("phase") == "Ready" else None)(_status(kube, ns, "llm")), timeout=10)
+    st = wait_for(
+        lambda: (lambda s: s if s.get("phase") == "Ready" else None)(_status(kube, ns, "llm")),
+        timeout=10,
+    )
     assert st["ready"] == "2/2" and condition({"status": st}, "Ready")["status"] == "True"
     assert st["observedGeneration"] == ie(kube, ns, "llm")["metadata"]["generation"]
     assert [r["pod"] for r in st["groups"][1]["ranks"]] == ["llm-g1-r0", "llm-g1-r1"]
@@ -89,8 +101,11 @@ def test_create_renders_every_child_and_reports_ready_groups(kube, core, ns):
 
 def _table(kube, ns):
     params = kube.api.param_serialize(
-        method="GET", resource_path=f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"])
+        method="GET",
+        resource_path=f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
     return json.loads(kube.api.call_api(*params).read())
 
 
@@ -113,14 +128,27 @@ def test_schema_defaults_are_applied_by_the_api_server(kube, ns):
     body = create_ie(kube, {"apiVersion": L.API_VERSION, "kind": L.KIND,
                             "metadata": {"name": "dflt", "namespace": ns}, "spec": {"model": "/m"}})
     spec = body["spec"]
-    assert spec["replicas"] == 1 and spec["nodesPerGroup"] == 1 and spec["shutdown"] == {"timeoutSeconds": 30}
-    assert spec["restartPolicy"]["policy"] == "RecreateGroupOnFailure" and spec["frontend"]["replicas"] == 1
+    assert (
+        spec["replicas"] == 1
+        and spec["nodesPerGroup"] == 1
+        and spec["shutdown"] == {"timeoutSeconds": 30}
+    )
+    assert (
+        spec["restartPolicy"]["policy"] == "RecreateGroupOnFailure"
+        and spec["frontend"]["replicas"] == 1
+    )
 
 
 def test_the_operator_refuses_an_inconsistent_spec_with_a_condition(kube, ns):
     create_ie(kube, engine("tp", ns).ranks(2, tp=3).manifest())
-    cond = wait_for(lambda: condition(ie(kube, ns, "tp"), "SpecValid").get("status") == "False"
-                    and condition(ie(kube, ns, "tp"), "SpecValid"), timeout=15, what="SpecValid=False")
+    cond = wait_for(
+        lambda: (
+            condition(ie(kube, ns, "tp"), "SpecValid").get("status") == "False"
+            and condition(ie(kube, ns, "tp"), "SpecValid")
+        ),
+        timeout=15,
+        what="SpecValid=False",
+    )
     assert "tensorParallelSize (3) must be a multiple of spec.nodesPerGroup (2)" in cond["message"]
     assert _status(kube, ns, "tp")["phase"] == "Failed" and pods(kube, ns, "tp") == {}
     # Fixing the spec is all it takes.
@@ -142,8 +170,14 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     assert scale["status"]["replicas"] == 2 and "shoal.dev/engine=sc" in scale["status"]["selector"]
 
     kube.patch(L.API_VERSION, L.PLURAL, ns, "sc", {"spec": {"replicas": 1}}, sub="scale")
-    r0 = wait_for(lambda: pods(kube, ns, "sc", 1)["sc-g1-r0"]["metadata"].get("deletionTimestamp") and
-                  pods(kube, ns, "sc", 1)["sc-g1-r0"], timeout=10, what="rank 0 of group 1 to drain")
+    r0 = wait_for(
+        lambda: (
+            pods(kube, ns, "sc", 1)["sc-g1-r0"]["metadata"].get("deletionTimestamp")
+            and pods(kube, ns, "sc", 1)["sc-g1-r0"]
+        ),
+        timeout=10,
+        what="rank 0 of group 1 to drain",
+    )
     assert r0["metadata"]["deletionGracePeriodSeconds"] == 75  # 60 s drain + 15 s margin
     # Group 1 left the discovery file before it began to drain.
     cm = kube.get("v1", "configmaps", ns, "sc-engines")
@@ -156,8 +190,14 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     # Node 0 tells its headless node to stop when its engine ends; the kubelet may report
     # rank 1's exit before rank 0's (found on real pods). That is the stop, not a dead engine.
     kubelet.set_terminated(core, "sc-g1-r1", ns, exit_code=0)
-    wait_for(lambda: [r.get("phase") for r in _group(kube, ns, "sc", 1).get("ranks", [])] == ["Running", "Succeeded"],
-             timeout=10, what="rank 1's exit seen by a pass")
+    wait_for(
+        lambda: (
+            [r.get("phase") for r in _group(kube, ns, "sc", 1).get("ranks", [])]
+            == ["Running", "Succeeded"]
+        ),
+        timeout=10,
+        what="rank 1's exit seen by a pass",
+    )
     assert not events(kube, ns, "GroupAborted") and not events(kube, ns, "DrainFinished")
     # The kubelet: rank 0's engine exited after draining; the pod object stays a while longer.
     # The drain ends with the container, not with the pod object.
@@ -171,7 +211,11 @@ def test_scale_subresource_adds_groups_and_drains_rank0_first_on_scale_down(kube
     assert len(events(kube, ns, "DrainFinished")) == 1 and "sc-g1-r0" in pods(kube, ns, "sc", 1)
     assert not events(kube, ns, "GroupAborted")
     kubelet.finish_deletion(core, "sc-g1-r0", ns)
-    wait_for(lambda: len(_status(kube, ns, "sc").get("groups") or []) == 1, timeout=10, what="group 1 gone")
+    wait_for(
+        lambda: len(_status(kube, ns, "sc").get("groups") or []) == 1,
+        timeout=10,
+        what="group 1 gone",
+    )
     assert set(pods(kube, ns, "sc")) == {"sc-g0-r0", "sc-g0-r1"}
 
 
@@ -188,9 +232,15 @@ def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating
     kube.patch(L.API_VERSION, L.PLURAL, ns, "one", {"spec": {"replicas": 1}}, sub="scale")
     wait_for(lambda: events(kube, ns, "DrainStarted"), timeout=10, what="DrainStarted for group 1")
     kubelet.set_terminated(core, "one-g1-r0", ns, exit_code=0)  # drained; the pod object lingers
-    wait_for(lambda: events(kube, ns, "DrainFinished"), timeout=10, what="DrainFinished for group 1")
+    wait_for(
+        lambda: events(kube, ns, "DrainFinished"), timeout=10, what="DrainFinished for group 1"
+    )
     kubelet.finish_deletion(core, "one-g1-r0", ns)
-    wait_for(lambda: len(_status(kube, ns, "one").get("groups") or []) == 1, timeout=10, what="group 1 gone")
+    wait_for(
+        lambda: len(_status(kube, ns, "one").get("groups") or []) == 1,
+        timeout=10,
+        what="group 1 gone",
+    )
 
     kube.delete(L.API_VERSION, L.PLURAL, ns, "one")
     ready = wait_for(lambda: (lambda c: c if c.get("reason") == "Terminating" else None)(
@@ -199,7 +249,11 @@ def test_every_drain_of_a_one_rank_group_is_reported_and_delete_says_terminating
     assert _status(kube, ns, "one")["phase"] == "Terminating"
     wait_for(lambda: len(events(kube, ns, "DrainStarted")) == 2, timeout=10, what="group 0's drain")
     kubelet.set_terminated(core, "one-g0-r0", ns, exit_code=0)
-    wait_for(lambda: len(events(kube, ns, "DrainFinished")) == 2, timeout=10, what="group 0's DrainFinished")
+    wait_for(
+        lambda: len(events(kube, ns, "DrainFinished")) == 2,
+        timeout=10,
+        what="group 0's DrainFinished",
+    )
     kubelet.finish_deletion(core, "one-g0-r0", ns)
     wait_for(lambda: ie(kube, ns, "one") is None, timeout=15, what="the resource gone")
     assert not events(kube, ns, "DrainOverdue")
@@ -227,8 +281,14 @@ def test_a_spec_update_rolls_one_group_at_a_time(kube, core, ns):
     assert pods(kube, ns, "ro")[other]["metadata"]["uid"] == old[other]
     assert _status(kube, ns, "ro")["readyReplicas"] == 1
     kubelet.set_ready(core, first, ns)
-    wait_for(lambda: pods(kube, ns, "ro").get(other, {}).get("metadata", {}).get("uid") not in (None, old[other]),
-             timeout=15, what="the second group to be recreated after the first became ready")
+    wait_for(
+        lambda: (
+            pods(kube, ns, "ro").get(other, {}).get("metadata", {}).get("uid")
+            not in (None, old[other])
+        ),
+        timeout=15,
+        what="the second group to be recreated after the first became ready",
+    )
     assert pods(kube, ns, "ro")[other]["spec"]["containers"][0]["image"] == "shoal:v2"
     kubelet.set_ready(core, other, ns)
     wait_for(lambda: _status(kube, ns, "ro").get("phase") == "Ready"
@@ -236,18 +296,35 @@ def test_a_spec_update_rolls_one_group_at_a_time(kube, core, ns):
 
 
 def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(kube, core, ns):
-    create_ie(kube, engine("dr", ns).groups(2).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
+    create_ie(
+        kube,
+        engine("dr", ns)
+        .groups(2)
+        .ranks(2)
+        .restart(backoffBaseSeconds=1, backoffMaxSeconds=60)
+        .manifest(),
+    )
     _wait_pods(kube, ns, "dr", 4)
     _ready_all(core, kube, ns, "dr")
     wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
     before = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "dr").items()}
 
-    msg = encode(Cause.COLLECTIVE_TIMEOUT, "Watchdog caught collective operation timeout after 300000 ms",
-                 rank=1, exit_code=1)
+    msg = encode(
+        Cause.COLLECTIVE_TIMEOUT,
+        "Watchdog caught collective operation timeout after 300000 ms",
+        rank=1,
+        exit_code=1,
+    )
     kubelet.set_terminated(core, "dr-g1-r1", ns, exit_code=1, message=msg)
-    lf = wait_for(lambda: _status(kube, ns, "dr").get("lastFailure"), timeout=10, what="lastFailure")
+    lf = wait_for(
+        lambda: _status(kube, ns, "dr").get("lastFailure"), timeout=10, what="lastFailure"
+    )
     assert lf["group"] == 1 and lf["rank"] == 1 and lf["pod"] == "dr-g1-r1" and lf["exitCode"] == 1
-    assert lf["cause"] == "collective_timeout" and "Watchdog caught" in lf["message"] and not lf["permanent"]
+    assert (
+        lf["cause"] == "collective_timeout"
+        and "Watchdog caught" in lf["message"]
+        and not lf["permanent"]
+    )
     died = wait_for(lambda: events(kube, ns, "EngineDied"), timeout=10)
     assert "dr-g1-r1" in died[0]["message"] and "rank 1" in died[0]["message"]
     assert "Watchdog caught" in died[0]["message"]
@@ -266,11 +343,20 @@ def test_a_dead_rank_restarts_its_whole_group_with_backoff_and_names_the_cause(k
 
     # A second death of the same group waits twice as long; an exit 0 nobody asked for counts.
     kubelet.set_terminated(core, "dr-g1-r0", ns, exit_code=0)
-    g = wait_for(lambda: (lambda x: x if x.get("restarts") == 2 else None)(_group(kube, ns, "dr", 1)), timeout=10)
+    g = wait_for(
+        lambda: (lambda x: x if x.get("restarts") == 2 else None)(_group(kube, ns, "dr", 1)),
+        timeout=10,
+    )
     assert g["phase"] == "BackingOff" and "in 2s" in g["message"]
     assert _status(kube, ns, "dr")["lastFailure"]["cause"] == "unexpected_exit"
-    wait_for(lambda: len(pods(kube, ns, "dr", 1)) == 2 and _group(kube, ns, "dr", 1).get("phase") == "Starting",
-             timeout=15, what="group 1 recreated again after its backoff")
+    wait_for(
+        lambda: (
+            len(pods(kube, ns, "dr", 1)) == 2
+            and _group(kube, ns, "dr", 1).get("phase") == "Starting"
+        ),
+        timeout=15,
+        what="group 1 recreated again after its backoff",
+    )
     _ready_all(core, kube, ns, "dr", group=1)
     wait_for(lambda: _status(kube, ns, "dr").get("phase") == "Ready", timeout=10)
     assert condition(ie(kube, ns, "dr"), "EngineDead")["status"] == "False"
@@ -286,10 +372,19 @@ def test_a_restart_happens_at_its_planned_time_not_at_a_timer_tick(kube, core, n
     _ready_all(core, kube, ns, "pl")
     wait_for(lambda: _status(kube, ns, "pl").get("phase") == "Ready", timeout=10)
     old = pods(kube, ns, "pl")["pl-g0-r0"]["metadata"]["uid"]
-    kubelet.set_terminated(core, "pl-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    kubelet.set_terminated(
+        core, "pl-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0)
+    )
     t_death = time.monotonic()
-    wait_for(lambda: (pods(kube, ns, "pl").get("pl-g0-r0") or {}).get("metadata", {}).get("uid") not in (None, old),
-             timeout=9, interval=0.1, what="the group recreated at its 4 s backoff (before a 10 s tick)")
+    wait_for(
+        lambda: (
+            (pods(kube, ns, "pl").get("pl-g0-r0") or {}).get("metadata", {}).get("uid")
+            not in (None, old)
+        ),
+        timeout=9,
+        interval=0.1,
+        what="the group recreated at its 4 s backoff (before a 10 s tick)",
+    )
     took = time.monotonic() - t_death
     assert took >= 3.5, f"recreated {took:.1f}s after the death, before its 4 s backoff"
 
@@ -298,22 +393,35 @@ def test_a_gang_restart_waits_for_the_old_ranks_to_stop(kube, core, ns):
     """The dead group's ranks are deleted gracefully (bound pods: the object stays until the
     kubelet saw the container stop), and no replacement is created while an old pod of the
     same name is still there, even after the backoff is due."""
-    create_ie(kube, engine("gw", ns).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest())
+    create_ie(
+        kube,
+        engine("gw", ns).ranks(2).restart(backoffBaseSeconds=1, backoffMaxSeconds=60).manifest(),
+    )
     for name in _wait_pods(kube, ns, "gw", 2):
         kubelet.bind(core, name, ns)
     _ready_all(core, kube, ns, "gw")
     wait_for(lambda: _status(kube, ns, "gw").get("phase") == "Ready", timeout=10)
     old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "gw").items()}
-    kubelet.set_terminated(core, "gw-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
+    kubelet.set_terminated(
+        core, "gw-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0)
+    )
     # The dead rank 0 (nothing runs in it) goes at once; the live rank 1 gets SIGTERM and 10 s.
     r1 = wait_for(lambda: (lambda p: p if p and p["metadata"].get("deletionTimestamp") else None)(
         pods(kube, ns, "gw").get("gw-g0-r1")), timeout=10, what="rank 1 stopping")
     assert r1["metadata"]["deletionGracePeriodSeconds"] == 10
-    wait_for(lambda: "gw-g0-r0" not in pods(kube, ns, "gw"), timeout=10, what="the dead rank 0 gone")
+    wait_for(
+        lambda: "gw-g0-r0" not in pods(kube, ns, "gw"), timeout=10, what="the dead rank 0 gone"
+    )
     # The pass at the 1 s backoff's due time says what it waits for, and creates nothing while
     # rank 1's old pod is there.
-    wait_for(lambda: _group(kube, ns, "gw", 0).get("message") == "restart 1 due; waiting for the old pods to stop: gw-g0-r1",
-             timeout=10, what="the due restart waiting for rank 1")
+    wait_for(
+        lambda: (
+            _group(kube, ns, "gw", 0).get("message")
+            == "restart 1 due; waiting for the old pods to stop: gw-g0-r1"
+        ),
+        timeout=10,
+        what="the due restart waiting for rank 1",
+    )
     assert set(pods(kube, ns, "gw")) == {"gw-g0-r1"}, "no replacement beside an old rank"
     assert pods(kube, ns, "gw")["gw-g0-r1"]["metadata"]["uid"] == old["gw-g0-r1"]
     kubelet.finish_deletion(core, "gw-g0-r1", ns)  # the kubelet: rank 1's container stopped
@@ -325,19 +433,39 @@ def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, core, ns)
     create_ie(kube, engine("pe", ns).ranks(2).restart(backoffBaseSeconds=1).manifest())
     _wait_pods(kube, ns, "pe", 2)
     _ready_all(core, kube, ns, "pe")
-    kubelet.set_terminated(core, "pe-g0-r0", ns, exit_code=2, message=encode(Cause.MODEL_NOT_FOUND, "model path /models/tiny does not exist", rank=0))
-    dead = wait_for(lambda: condition(ie(kube, ns, "pe"), "EngineDead").get("reason") == "PermanentError"
-                    and condition(ie(kube, ns, "pe"), "EngineDead"), timeout=10, what="EngineDead PermanentError")
+    kubelet.set_terminated(
+        core,
+        "pe-g0-r0",
+        ns,
+        exit_code=2,
+        message=encode(Cause.MODEL_NOT_FOUND, "model path /models/tiny does not exist", rank=0),
+    )
+    dead = wait_for(
+        lambda: (
+            condition(ie(kube, ns, "pe"), "EngineDead").get("reason") == "PermanentError"
+            and condition(ie(kube, ns, "pe"), "EngineDead")
+        ),
+        timeout=10,
+        what="EngineDead PermanentError",
+    )
     assert "/models/tiny does not exist" in dead["message"] and "not restarting" in dead["message"]
-    assert _status(kube, ns, "pe")["phase"] == "Failed" and _group(kube, ns, "pe", 0)["phase"] == "Failed"
+    assert (
+        _status(kube, ns, "pe")["phase"] == "Failed"
+        and _group(kube, ns, "pe", 0)["phase"] == "Failed"
+    )
     wait_for(lambda: events(kube, ns, "RestartSkipped"), timeout=10)
     # The live rank is stopped; the failed pod stays for its logs; nothing is recreated.
-    wait_for(lambda: set(pods(kube, ns, "pe")) == {"pe-g0-r0"}, timeout=10, what="only the failed pod left")
+    wait_for(
+        lambda: set(pods(kube, ns, "pe")) == {"pe-g0-r0"},
+        timeout=10,
+        what="only the failed pod left",
+    )
     failed_uid = pods(kube, ns, "pe")["pe-g0-r0"]["metadata"]["uid"]
     # A change that restarts nothing (more frontends) makes a pass, seen by its observedGeneration;
     # that pass, long after the 1 s backoff would have been due, must not bring the group back.
-    generation = kube.patch(L.API_VERSION, L.PLURAL, ns, "pe", {"spec": {"frontend": {"replicas": 2}}})[
-        "metadata"]["generation"]
+    generation = kube.patch(
+        L.API_VERSION, L.PLURAL, ns, "pe", {"spec": {"frontend": {"replicas": 2}}}
+    )["metadata"]["generation"]
     wait_for(lambda: _status(kube, ns, "pe").get("observedGeneration") == generation, timeout=10,
              what="a pass of the new generation")
     assert list(pods(kube, ns, "pe")) == ["pe-g0-r0"], "no restart after a permanent error"
@@ -345,9 +473,17 @@ def test_a_permanent_error_stops_restarts_until_the_spec_changes(kube, core, ns)
     assert _group(kube, ns, "pe", 0)["phase"] == "Failed"
 
     kube.patch(L.API_VERSION, L.PLURAL, ns, "pe", {"spec": {"model": "/models/fixed"}})
-    wait_for(lambda: len(pods(kube, ns, "pe")) == 2 and all(
-        "/models/fixed" in p["spec"]["containers"][0]["args"] for p in pods(kube, ns, "pe").values()),
-        timeout=15, what="the group recreated with the fixed model")
+    wait_for(
+        lambda: (
+            len(pods(kube, ns, "pe")) == 2
+            and all(
+                "/models/fixed" in p["spec"]["containers"][0]["args"]
+                for p in pods(kube, ns, "pe").values()
+            )
+        ),
+        timeout=15,
+        what="the group recreated with the fixed model",
+    )
 
 
 def test_delete_drains_then_everything_is_garbage_collected(kube, core, ns):
@@ -358,16 +494,26 @@ def test_delete_drains_then_everything_is_garbage_collected(kube, core, ns):
     _ready_all(core, kube, ns, "gc")
     wait_for(lambda: kube.get("apps/v1", "deployments", ns, "gc-frontend"), timeout=10)
     kube.delete(L.API_VERSION, L.PLURAL, ns, "gc")
-    wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r0", {}).get("metadata", {}).get("deletionTimestamp"),
-             timeout=10, what="rank 0 draining")
+    wait_for(
+        lambda: (
+            pods(kube, ns, "gc").get("gc-g0-r0", {}).get("metadata", {}).get("deletionTimestamp")
+        ),
+        timeout=10,
+        what="rank 0 draining",
+    )
     assert not pods(kube, ns, "gc")["gc-g0-r1"]["metadata"].get("deletionTimestamp")
     assert "shoal.dev/finalizer" in ie(kube, ns, "gc")["metadata"]["finalizers"]
     # The pass acts first and reports after: the phase may follow rank 0's delete by a moment.
     wait_for(lambda: _status(kube, ns, "gc").get("phase") == "Terminating", timeout=10,
              what="phase Terminating")
     kubelet.finish_deletion(core, "gc-g0-r0", ns)
-    wait_for(lambda: pods(kube, ns, "gc").get("gc-g0-r1", {}).get("metadata", {}).get("deletionTimestamp"),
-             timeout=10, what="the headless rank stopped after rank 0")
+    wait_for(
+        lambda: (
+            pods(kube, ns, "gc").get("gc-g0-r1", {}).get("metadata", {}).get("deletionTimestamp")
+        ),
+        timeout=10,
+        what="the headless rank stopped after rank 0",
+    )
     kubelet.finish_deletion(core, "gc-g0-r1", ns)
     wait_for(lambda: ie(kube, ns, "gc") is None, timeout=15, what="the finalizer to be removed")
     for api, plural, name in [("apps/v1", "deployments", "gc-frontend"), ("v1", "services", "gc"),

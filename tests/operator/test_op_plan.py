@@ -35,17 +35,20 @@ def pod(g: int, r: int, *, ready: bool = True, rev: str | None = None, created: 
         reason: str = "Error", grace: int | None = None) -> dict:
     """An engine pod as the API server returns it: running (and Ready), stopping since
     `deleting` seconds, or its engine container terminated with `exit_code`."""
-    meta = {"name": f"llm-g{g}-r{r}", "uid": f"uid-g{g}-r{r}", "creationTimestamp": iso(at(created)),
-            "labels": {L.LABEL_GROUP: str(g), L.LABEL_RANK: str(r), L.LABEL_REVISION: rev or CURRENT}}
+    labels = {L.LABEL_GROUP: str(g), L.LABEL_RANK: str(r), L.LABEL_REVISION: rev or CURRENT}
+    meta = {"name": f"llm-g{g}-r{r}", "uid": f"uid-g{g}-r{r}",
+            "creationTimestamp": iso(at(created)), "labels": labels}
     if deleting is not None:
         meta["deletionTimestamp"] = iso(at(deleting))
         meta["deletionGracePeriodSeconds"] = grace if grace is not None else 45
-    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    status = {"phase": "Running",
+              "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
               "containerStatuses": [{"name": L.ENGINE_CONTAINER, "state": {"running": {}}}]}
     if exit_code is not None:
-        status = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [{
-            "name": L.ENGINE_CONTAINER, "state": {"terminated": {
-                "exitCode": exit_code, "reason": reason, "message": message, "finishedAt": iso(at(0))}}}]}
+        ended = {"exitCode": exit_code, "reason": reason, "message": message,
+                 "finishedAt": iso(at(0))}
+        status = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+            {"name": L.ENGINE_CONTAINER, "state": {"terminated": ended}}]}
     return {"metadata": meta, "spec": {"nodeName": "node-a"}, "status": status}
 
 
@@ -87,25 +90,31 @@ OOM = dict(exit_code=137, reason="OOMKilled")
 CASES = [
     Case("a new engine gets its singletons, then every group in index order",
          pods=[], spec=engine("llm", "ns").groups(2).ranks(2),
-         actions=(ApplyChildren(()), CreatePods(0, (0, 1)), CreatePods(1, (0, 1)), WriteDiscovery(())),
+         actions=(ApplyChildren(()), CreatePods(0, (0, 1)), CreatePods(1, (0, 1)),
+                  WriteDiscovery(())),
          phases={0: "Starting", 1: "Starting"}),
-    Case("a group that lost a rank before it was ready gets only that rank back; a look at its stall limit",
+    Case("a group that lost a rank before it was ready gets only that rank back; "
+         "a look at its stall limit",
          pods=[pod(0, 0, ready=False)], memory=[group(0, "Starting")],
          actions=(ApplyChildren(()), CreatePods(0, (1,)), WriteDiscovery(())),
          requeue=-600 + 1200 + STALL_MARGIN_SECONDS, phases={0: "Starting"}),
     Case("scale up adds the next group and leaves the ready one alone",
-         pods=[pod(0, 0), pod(0, 1)], memory=[group(0, "Ready")], spec=engine("llm", "ns").groups(2).ranks(2),
+         pods=[pod(0, 0), pod(0, 1)], memory=[group(0, "Ready")],
+         spec=engine("llm", "ns").groups(2).ranks(2),
          actions=(ApplyChildren((0,)), CreatePods(1, (0, 1)), WriteDiscovery((0,))),
          phases={0: "Ready", 1: "Starting"}),
     Case("scale down withdraws the last group from discovery, then drains its rank 0 only",
-         pods=[pod(0, 0), pod(0, 1), pod(1, 0), pod(1, 1)], memory=[group(0, "Ready"), group(1, "Ready")],
-         actions=(ApplyChildren((0,)), WriteDiscovery((0,)), delete(1, 0), ev("Normal", "DrainStarted"),
-                  WriteDiscovery((0,))),
+         pods=[pod(0, 0), pod(0, 1), pod(1, 0), pod(1, 1)],
+         memory=[group(0, "Ready"), group(1, "Ready")],
+         actions=(ApplyChildren((0,)), WriteDiscovery((0,)), delete(1, 0),
+                  ev("Normal", "DrainStarted"), WriteDiscovery((0,))),
          requeue=30 + render.SHUTDOWN_MARGIN_SECONDS, phases={0: "Ready", 1: "Draining"}),
     Case("scale down: once rank 0's engine ended, the headless ranks go and the drain is reported",
          pods=[pod(0, 0), pod(0, 1), pod(1, 0, deleting=-8, exit_code=0), pod(1, 1)],
-         memory=[group(0, "Ready"), group(1, "Draining", stopReason="scale-down", drainStartTime=iso(at(-8)))],
-         actions=(ApplyChildren((0,)), ev("Normal", "DrainFinished"), delete(1, 1), WriteDiscovery((0,))),
+         memory=[group(0, "Ready"),
+                 group(1, "Draining", stopReason="scale-down", drainStartTime=iso(at(-8)))],
+         actions=(ApplyChildren((0,)), ev("Normal", "DrainFinished"), delete(1, 1),
+                  WriteDiscovery((0,))),
          phases={0: "Ready", 1: "Draining"}),
     Case("a dead rank tears the whole group down at once and backs off for the base delay",
          pods=[pod(0, 0), pod(0, 1, **OOM)], memory=[group(0, "Ready")],
@@ -121,35 +130,41 @@ CASES = [
          pods=[], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(7)))],
          actions=(ApplyChildren(()), WriteDiscovery(())), requeue=7, phases={0: "BackingOff"}),
     Case("backing off, at the deadline: all ranks are recreated together",
-         pods=[], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(7)))], now=at(7),
-         actions=(ApplyChildren(()), ev("Normal", "GroupRestarted"), CreatePods(0, (0, 1)), WriteDiscovery(())),
+         pods=[], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(7)))],
+         now=at(7),
+         actions=(ApplyChildren(()), ev("Normal", "GroupRestarted"), CreatePods(0, (0, 1)),
+                  WriteDiscovery(())),
          phases={0: "Starting"}),
-    Case("backing off while an old rank still stops: no replacement beside it, a look when the restart is due",
-         pods=[pod(0, 0, deleting=-5, grace=10)], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(5)))],
+    Case("backing off while an old rank still stops: no replacement beside it, "
+         "a look when the restart is due",
+         pods=[pod(0, 0, deleting=-5, grace=10)],
+         memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(5)))],
          actions=(ApplyChildren(()), WriteDiscovery(())), requeue=5, phases={0: "BackingOff"}),
     Case("a due restart waits for an old rank still stopping, a look when that rank is overdue",
-         pods=[pod(0, 0, deleting=-5, grace=10)], memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(-1)))],
+         pods=[pod(0, 0, deleting=-5, grace=10)],
+         memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(-1)))],
          actions=(ApplyChildren(()), WriteDiscovery(())), requeue=25, phases={0: "BackingOff"}),
     Case("a permanent failure is not restarted: the failed pod stays for its logs, the rest stop",
-         pods=[pod(0, 0, exit_code=1, message=encode(Cause.MODEL_NOT_FOUND, "no /models/tiny")), pod(0, 1)],
+         pods=[pod(0, 0, exit_code=1, message=encode(Cause.MODEL_NOT_FOUND, "no /models/tiny")),
+               pod(0, 1)],
          memory=[group(0, "Starting")],
-         actions=(ApplyChildren(()), ev("Warning", "EngineDied"), ev("Warning", "RestartSkipped"), dead(1),
-                  WriteDiscovery(())),
+         actions=(ApplyChildren(()), ev("Warning", "EngineDied"), ev("Warning", "RestartSkipped"),
+                  dead(1), WriteDiscovery(())),
          phases={0: "Failed"}),
     Case("restartPolicy Never leaves a dead group failed",
          pods=[pod(0, 0), pod(0, 1, **OOM)], memory=[group(0, "Ready")],
          spec=engine("llm", "ns").ranks(2).restart(policy="Never"),
-         actions=(ApplyChildren((0,)), ev("Warning", "EngineDied"), ev("Warning", "RestartSkipped"), dead(0),
-                  WriteDiscovery(())),
+         actions=(ApplyChildren((0,)), ev("Warning", "EngineDied"), ev("Warning", "RestartSkipped"),
+                  dead(0), WriteDiscovery(())),
          phases={0: "Failed"}),
     Case("a group not Ready before its startup limit is left alone, the next look at the limit",
-         pods=[pod(0, 0, ready=False, created=0), pod(0, 1, ready=False, created=0)], now=at(100),
-         memory=[group(0, "Starting", message="0/2 ranks ready")],
+         pods=[pod(0, 0, ready=False, created=0), pod(0, 1, ready=False, created=0)],
+         now=at(100), memory=[group(0, "Starting", message="0/2 ranks ready")],
          spec=engine("llm", "ns").ranks(2).set(engine={"startupTimeoutSeconds": 60}),
          actions=(ApplyChildren(()), WriteDiscovery(())), requeue=80, phases={0: "Starting"}),
     Case("a group still not Ready past its startup limit is stalled and restarted like a death",
-         pods=[pod(0, 0, ready=False, created=0), pod(0, 1, ready=False, created=0)], now=at(181),
-         memory=[group(0, "Starting", message="0/2 ranks ready")],
+         pods=[pod(0, 0, ready=False, created=0), pod(0, 1, ready=False, created=0)],
+         now=at(181), memory=[group(0, "Starting", message="0/2 ranks ready")],
          spec=engine("llm", "ns").ranks(2).set(engine={"startupTimeoutSeconds": 60}),
          actions=(ApplyChildren(()), ev("Warning", "EngineDied"), ev("Normal", "GroupRestarting"),
                   dead(0), dead(1), WriteDiscovery(())),
@@ -161,10 +176,12 @@ CASES = [
     Case("delete with shutdown.timeoutSeconds 0 stops every rank at once",
          pods=[pod(0, 0), pod(0, 1)], memory=[group(0, "Ready")], deleting=True,
          spec=engine("llm", "ns").ranks(2).drain(0),
-         actions=(ev("Normal", "GroupAborted"), delete(0, 0), delete(0, 1)), phases={0: "Draining"}),
+         actions=(ev("Normal", "GroupAborted"), delete(0, 0), delete(0, 1)),
+         phases={0: "Draining"}),
     Case("delete of a dead engine stops every rank at once instead of draining",
          pods=[pod(0, 0), pod(0, 1, **OOM)], memory=[group(0, "Ready")], deleting=True,
-         actions=(ev("Normal", "GroupAborted"), delete(0, 0), delete(0, 1)), phases={0: "Draining"}),
+         actions=(ev("Normal", "GroupAborted"), delete(0, 0), delete(0, 1)),
+         phases={0: "Draining"}),
     Case("a drain past its deadline deletes nothing more: the pod's grace period ends it",
          pods=[pod(0, 0, deleting=-50), pod(0, 1)], deleting=True,
          memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-50)))],
@@ -174,11 +191,12 @@ CASES = [
          memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-50)))],
          actions=(ev("Warning", "DrainOverdue"), delete(0, 1)), phases={0: "Draining"}),
     Case("a new revision rolls one group: the unready one first, withdrawn, then drained",
-         pods=[pod(0, 0, rev="old"), pod(0, 1, rev="old"), pod(1, 0, rev="old"), pod(1, 1, rev="old", ready=False)],
+         pods=[pod(0, 0, rev="old"), pod(0, 1, rev="old"), pod(1, 0, rev="old"),
+               pod(1, 1, rev="old", ready=False)],
          memory=[group(0, "Ready", revision="old"), group(1, "Starting", revision="old")],
          spec=engine("llm", "ns").groups(2).ranks(2),
-         actions=(ApplyChildren((0,)), ev("Normal", "GroupUpdating"), WriteDiscovery((0,)), delete(1, 0),
-                  ev("Normal", "DrainStarted"), WriteDiscovery((0,))),
+         actions=(ApplyChildren((0,)), ev("Normal", "GroupUpdating"), WriteDiscovery((0,)),
+                  delete(1, 0), ev("Normal", "DrainStarted"), WriteDiscovery((0,))),
          requeue=30 + render.SHUTDOWN_MARGIN_SECONDS, phases={0: "Ready", 1: "Updating"}),
     Case("an invalid spec creates nothing",
          pods=[], spec=engine("llm", "ns").ranks(2, tp=3), actions=(), phases={}),
@@ -202,8 +220,9 @@ def _run(case: Case):
         lbl = p["metadata"]["labels"]
         lbl[L.LABEL_REVISION] = rev if lbl[L.LABEL_REVISION] == CURRENT else lbl[L.LABEL_REVISION]
         by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
-    memory = Memory(groups={m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
-                            for m in case.memory})
+    memory = Memory(groups={
+        m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
+        for m in case.memory})
     observed = Observed(ref=EngineRef.of(body), pods=by_group, in_flight=case.in_flight,
                         deleting=case.deleting)
     return plan(spec, observed, memory, case.now)
@@ -229,7 +248,8 @@ def test_a_death_already_handled_is_not_acted_on_again():
     first = _run(case("a permanent failure"))
     again = Case("again", pods=case("a permanent failure").pods, memory=[first.groups[0]])
     got = _run(again)
-    assert _shape(got.actions) == (ApplyChildren(()), WriteDiscovery(())), "no second Event, no second delete"
+    assert _shape(got.actions) == (ApplyChildren(()), WriteDiscovery(())), \
+        "no second Event, no second delete"
     assert got.groups[0]["phase"] == "Failed" and got.restart_count == 0
 
 
@@ -248,18 +268,20 @@ def _starting(**status) -> dict:
 
 
 RUNNING = {"phase": "Running", "containerStatuses": [{"state": {"running": {}}}],
-           "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}
+           "conditions": [{"type": "PodScheduled", "status": "True"},
+                          {"type": "Ready", "status": "False"}]}
+
+
+def waiting_on(reason: str) -> list[dict]:
+    return [{"state": {"waiting": {"reason": reason}}}]
 
 
 @pytest.mark.parametrize("rank0, stage", [
-    ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
-     "Scheduling"),
-    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]},
-     "PullingImage"),
-    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]},
-     "PullingImage"),
-    ({"phase": "Running", "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]},
-     "Restarting"),
+    ({"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}, "Scheduling"),
+    ({"phase": "Pending", "containerStatuses": waiting_on("ContainerCreating")}, "PullingImage"),
+    ({"phase": "Pending", "containerStatuses": waiting_on("ImagePullBackOff")}, "PullingImage"),
+    ({"phase": "Running", "containerStatuses": waiting_on("CrashLoopBackOff")}, "Restarting"),
     (RUNNING, "Loading"),
 ], ids=["unbound", "creating", "image-pull-backoff", "crash-loop", "running-not-ready"])
 def test_a_starting_group_reports_the_stage_of_its_slowest_rank(rank0, stage):
@@ -270,9 +292,10 @@ def test_a_starting_group_reports_the_stage_of_its_slowest_rank(rank0, stage):
     assert (got.groups[0]["phase"], got.groups[0]["stage"]) == ("Starting", stage)
 
 
-@pytest.mark.parametrize("name, g, stage", [("a new engine", 0, "Scheduling"), ("scale up adds", 0, "Ready"),
-                                             ("a dead rank tears", 0, None), ("scale down withdraws", 1, None)],
-                         ids=["created", "ready", "backing-off", "draining"])
+@pytest.mark.parametrize("name, g, stage", [
+    ("a new engine", 0, "Scheduling"), ("scale up adds", 0, "Ready"),
+    ("a dead rank tears", 0, None), ("scale down withdraws", 1, None),
+], ids=["created", "ready", "backing-off", "draining"])
 def test_stage_is_reported_while_starting_or_ready_only(name, g, stage):
     assert _run(case(name)).groups[g].get("stage") == stage
 
@@ -281,14 +304,18 @@ def _draining(n: int | None, ip: str | None = "10.0.0.7") -> Case:
     p0 = pod(0, 0, deleting=-5)
     if ip:
         p0["status"]["podIP"] = ip
-    return Case("draining", pods=[p0, pod(0, 1)], deleting=True, in_flight={} if n is None else {0: n},
+    return Case("draining", pods=[p0, pod(0, 1)], deleting=True,
+                in_flight={} if n is None else {0: n},
                 memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-5)))])
 
 
+DRAINING = "rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"
+
+
 @pytest.mark.parametrize("n, message", [
-    (None, "rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
-    (3, "draining: 3 requests in flight; rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
-    (1, "draining: 1 request in flight; rank 0 draining (delete) for up to 30s since 2026-12-01T09:59:55Z"),
+    (None, DRAINING),
+    (3, f"draining: 3 requests in flight; {DRAINING}"),
+    (1, f"draining: 1 request in flight; {DRAINING}"),
 ])
 def test_a_draining_group_says_how_many_requests_rank_0_still_has(n, message):
     got = _run(_draining(n))
@@ -298,11 +325,13 @@ def test_a_draining_group_says_how_many_requests_rank_0_still_has(n, message):
 
 def test_rank_0_without_an_address_is_not_probed_and_a_finished_drain_is_not():
     assert _run(_draining(None, ip=None)).drain_probes == {}
-    assert _run(case("scale down: once rank 0")).drain_probes == {}, "rank 0's engine ended: nothing left to count"
+    assert _run(case("scale down: once rank 0")).drain_probes == {}, \
+        "rank 0's engine ended: nothing left to count"
 
 
 def test_a_due_restart_says_which_old_pods_it_waits_for():
     waiting = case("a due restart waits")
-    assert _run(waiting).groups[0]["message"] == "restart 1 due; waiting for the old pods to stop: llm-g0-r0"
+    assert _run(waiting).groups[0]["message"] == \
+        "restart 1 due; waiting for the old pods to stop: llm-g0-r0"
     early = case("backing off while an old rank")
     assert "message" not in _run(early).groups[0], "before it is due, the death's message stays"

@@ -54,7 +54,13 @@ def test_a_second_pass_writes_nothing(control_plane, quiet_ns, kube, core):
 
 def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube, core):
     ns = quiet_ns
-    body = create_ie(kube, engine("once", ns).ranks(2).restart(backoffBaseSeconds=600, backoffMaxSeconds=600).manifest())
+    body = create_ie(
+        kube,
+        engine("once", ns)
+        .ranks(2)
+        .restart(backoffBaseSeconds=600, backoffMaxSeconds=600)
+        .manifest(),
+    )
     r = _fresh(control_plane)
     r.reconcile(body)
     kubelet.set_terminated(core, "once-g0-r1", ns, exit_code=137, reason="OOMKilled")
@@ -69,19 +75,29 @@ def test_a_recorded_death_is_acted_on_once(control_plane, quiet_ns, kube, core):
     assert _writes(r) == {} and ie(kube, ns, "once")["status"]["restartCount"] == 1
 
 
-def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd_installed, kube, core, tmp_path):
+def test_an_operator_killed_midway_resumes_without_duplicates(
+    control_plane, crd_installed, kube, core, tmp_path
+):
     log = tmp_path / "operator.log"
     ns = control_plane.new_namespace("opr")
     op = OperatorProcess(control_plane, "opr-*", log).start()
     try:
-        create_ie(kube, engine("rs", ns).groups(3).ranks(2).restart(backoffBaseSeconds=3).manifest())
+        create_ie(
+            kube, engine("rs", ns).groups(3).ranks(2).restart(backoffBaseSeconds=3).manifest()
+        )
         wait_for(lambda: len(pods(kube, ns, "rs")) == 6, timeout=20, what="6 pods")
         for name in pods(kube, ns, "rs"):
             kubelet.set_ready(core, name, ns)
-        wait_for(lambda: kubelet.ready_frontends(core, "rs", ns) > 0, timeout=10, what="the frontend pod")
+        wait_for(
+            lambda: kubelet.ready_frontends(core, "rs", ns) > 0, timeout=10, what="the frontend pod"
+        )
         wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("ready") == "3/3", timeout=10)
-        kubelet.set_terminated(core, "rs-g2-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0))
-        wait_for(lambda: (ie(kube, ns, "rs").get("status") or {}).get("restartCount") == 1, timeout=10)
+        kubelet.set_terminated(
+            core, "rs-g2-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=0)
+        )
+        wait_for(
+            lambda: (ie(kube, ns, "rs").get("status") or {}).get("restartCount") == 1, timeout=10
+        )
         op.stop(kill=True)  # SIGKILL mid-backoff: no chance to clean up
 
         uids = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "rs").items()}
@@ -94,12 +110,19 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
         wait_for(healed, timeout=30, what="all 6 ranks back")
         for name in pods(kube, ns, "rs"):
             kubelet.set_ready(core, name, ns)
-        st = wait_for(lambda: (lambda s: s if s.get("ready") == "3/3" else None)(ie(kube, ns, "rs").get("status") or {}),
-                      timeout=15, what="3/3 ready again")
+        st = wait_for(
+            lambda: (lambda s: s if s.get("ready") == "3/3" else None)(
+                ie(kube, ns, "rs").get("status") or {}
+            ),
+            timeout=15,
+            what="3/3 ready again",
+        )
         assert st["restartCount"] == 2  # the death before the kill + the vanished rank after it
         now = pods(kube, ns, "rs")
         assert sorted(now) == sorted(f"rs-g{g}-r{r}" for g in range(3) for r in range(2))
-        assert now["rs-g0-r0"]["metadata"]["uid"] == uids["rs-g0-r0"], "a healthy group was recreated"
+        assert now["rs-g0-r0"]["metadata"]["uid"] == uids["rs-g0-r0"], (
+            "a healthy group was recreated"
+        )
         sel = f"{L.LABEL_ENGINE}=rs"
         assert len(kube.list("apps/v1", "deployments", ns, sel)) == 1
         assert len(kube.list("v1", "services", ns, sel)) == 2
@@ -113,10 +136,16 @@ def test_an_operator_killed_midway_resumes_without_duplicates(control_plane, crd
     "policy, deaths, why",
     [
         ({"policy": "Never"}, 1, "restartPolicy.policy is Never"),
-        ({"maxRestarts": 1, "backoffBaseSeconds": 0}, 2, "1 consecutive restarts reached restartPolicy.maxRestarts"),
+        (
+            {"maxRestarts": 1, "backoffBaseSeconds": 0},
+            2,
+            "1 consecutive restarts reached restartPolicy.maxRestarts",
+        ),
     ],
 )
-def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, kube, core, policy, deaths, why):
+def test_restart_policy_limits_leave_the_group_failed(
+    control_plane, quiet_ns, kube, core, policy, deaths, why
+):
     ns = quiet_ns
     body = create_ie(kube, engine("lim", ns).restart(**policy).manifest())
     r = _fresh(control_plane)
@@ -126,7 +155,9 @@ def test_restart_policy_limits_leave_the_group_failed(control_plane, quiet_ns, k
         # at the next whole second, deadlines being stored rounded up).
         wait_for(lambda: r.reconcile(body) and "lim-g0-r0" in pods(kube, ns, "lim"), timeout=10,
                  interval=0.3, what="rank 0 pod")
-        kubelet.set_terminated(core, "lim-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, f"death {death}"))
+        kubelet.set_terminated(
+            core, "lim-g0-r0", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, f"death {death}")
+        )
         r.reconcile(body)  # records the death
         if death < deaths - 1:
             wait_for(lambda: not pods(kube, ns, "lim"), timeout=10, what="the group torn down")
@@ -153,13 +184,34 @@ def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_n
     r = Reconciler(Kube(control_plane.api_client()), clock=lambda: clock["now"])
     r.reconcile(body)
     pod = wait_for(lambda: pods(kube, ns, "stall").get("stall-g0-r0"), timeout=10, what="rank 0")
-    kube.request("PATCH", f"/api/v1/namespaces/{ns}/pods/stall-g0-r0/status", content_type="application/merge-patch+json",
-                 body={"status": {"phase": "Pending", "containerStatuses": [{
-                     "name": L.ENGINE_CONTAINER, "image": "shoal:nope", "imageID": "", "ready": False,
-                     "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff",
-                                                              "message": 'Back-off pulling image "shoal:nope"'}}}]}})
-    created = dt.datetime.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=dt.timezone.utc)
+    kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/stall-g0-r0/status",
+        content_type="application/merge-patch+json",
+        body={
+            "status": {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": L.ENGINE_CONTAINER,
+                        "image": "shoal:nope",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "waiting": {
+                                "reason": "ImagePullBackOff",
+                                "message": 'Back-off pulling image "shoal:nope"',
+                            }
+                        },
+                    }
+                ],
+            }
+        },
+    )
+    created = dt.datetime.strptime(
+        pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"
+    ).replace(tzinfo=dt.timezone.utc)
     limit = 60 + STALL_MARGIN_SECONDS
 
     clock["now"] = created + dt.timedelta(seconds=limit - 5)
@@ -173,12 +225,17 @@ def test_a_group_stuck_not_ready_is_stalled_and_restarted(control_plane, quiet_n
     r.reconcile(body)
     st = ie(kube, ns, "stall")["status"]
     assert st["lastFailure"]["cause"] == "stalled" and st["lastFailure"]["permanent"] is False
-    assert "ImagePullBackOff" in st["lastFailure"]["message"] and f"limit {limit}s" in st["lastFailure"]["message"]
+    assert (
+        "ImagePullBackOff" in st["lastFailure"]["message"]
+        and f"limit {limit}s" in st["lastFailure"]["message"]
+    )
     assert st["groups"][0]["phase"] == "BackingOff" and st["restartCount"] == 1
     assert len(events(kube, ns, "RankWaiting")) == 1, "one Event per change of the waiting reason"
 
 
-def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, quiet_ns, kube, core):
+def test_a_death_under_an_invalid_spec_is_reported_not_restarted(
+    control_plane, quiet_ns, kube, core
+):
     """The spec became invalid while a group ran: nothing is created or restarted, but a rank's
     death is still recorded and reported."""
     ns = quiet_ns
@@ -189,12 +246,16 @@ def test_a_death_under_an_invalid_spec_is_reported_not_restarted(control_plane, 
     kube.patch(L.API_VERSION, L.PLURAL, ns, "inv", {"spec": {"tensorParallelSize": 3}})
     r.reconcile(body)
     assert ie(kube, ns, "inv")["status"]["conditions"][0]["status"] == "False"  # SpecValid
-    kubelet.set_terminated(core, "inv-g0-r1", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=1))
+    kubelet.set_terminated(
+        core, "inv-g0-r1", ns, exit_code=1, message=encode(Cause.ENGINE_ERROR, "boom", rank=1)
+    )
     r.reconcile(body)
     st = ie(kube, ns, "inv")["status"]
     assert st["lastFailure"]["pod"] == "inv-g0-r1" and st["lastFailure"]["cause"] == "engine_error"
     assert st["groups"][0]["phase"] == "Failed" and "spec is invalid" in st["groups"][0]["message"]
-    assert "not restarting while the spec is invalid" in events(kube, ns, "EngineDied")[0]["message"]
+    assert (
+        "not restarting while the spec is invalid" in events(kube, ns, "EngineDied")[0]["message"]
+    )
     r.reconcile(body)
     assert set(pods(kube, ns, "inv")) == {"inv-g0-r0", "inv-g0-r1"}, "nothing deleted or created"
 
@@ -207,8 +268,12 @@ def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, k
     counts: dict[int, int] = {}
     r = Reconciler(Kube(control_plane.api_client()), in_flight=lambda namespace, name: dict(counts))
     r.reconcile(body)
-    for name in wait_for(lambda: (lambda p: p if len(p) == 4 else None)(pods(kube, ns, "dr")), timeout=10):
-        kubelet.bind(core, name, ns)  # a bound pod is deleted gracefully: rank 0 stays while it drains
+    for name in wait_for(
+        lambda: (lambda p: p if len(p) == 4 else None)(pods(kube, ns, "dr")), timeout=10
+    ):
+        kubelet.bind(
+            core, name, ns
+        )  # a bound pod is deleted gracefully: rank 0 stays while it drains
         kubelet.set_ready(core, name, ns)
     r.reconcile(body)
     kube.patch(L.API_VERSION, L.PLURAL, ns, "dr", {"spec": {"replicas": 1}})
@@ -223,24 +288,39 @@ def test_drain_progress_is_written_once_per_new_count(control_plane, quiet_ns, k
         counts[1] = n
         r.kube.writes.clear()
         r.reconcile(body)
-        assert _writes(r) == ({"patch/status inferenceengines": 1} if writes else {}), (n, _writes(r))
+        assert _writes(r) == ({"patch/status inferenceengines": 1} if writes else {}), (
+            n,
+            _writes(r),
+        )
         assert group1()["message"].startswith(f"draining: {n} requests in flight")
 
 
-def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(control_plane, crd_installed, kube, core, tmp_path):
+def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(
+    control_plane, crd_installed, kube, core, tmp_path
+):
     """The operator process counts its own reads: a create -> Ready takes several passes, none
     of which LISTs pods (kopf's index holds them); each still GETs the resource (its memory)."""
     import json
 
     ns = control_plane.new_namespace("opr")  # before the start: kopf lists existing namespaces
     stats = tmp_path / "stats.json"
-    op = OperatorProcess(control_plane, "opr-*", tmp_path / "operator.log", stats_path=stats).start()
+    op = OperatorProcess(
+        control_plane, "opr-*", tmp_path / "operator.log", stats_path=stats
+    ).start()
     try:
         create_ie(kube, engine("ix", ns).ranks(2).manifest())
-        for name in wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(kube, ns, "ix")), timeout=30):
+        for name in wait_for(
+            lambda: (lambda p: p if len(p) == 2 else None)(pods(kube, ns, "ix")), timeout=30
+        ):
             kubelet.set_ready(core, name, ns)
-        wait_for(lambda: ((ie(kube, ns, "ix").get("status") or {}).get("groups") or [{}])[0].get("phase") == "Ready",
-                 timeout=20, what="group 0 Ready")
+        wait_for(
+            lambda: (
+                ((ie(kube, ns, "ix").get("status") or {}).get("groups") or [{}])[0].get("phase")
+                == "Ready"
+            ),
+            timeout=20,
+            what="group 0 Ready",
+        )
     finally:
         cleanup_namespace(kube, ns)
         op.stop()  # the cleanup handler writes the final counts

@@ -37,9 +37,9 @@ def test_every_child_is_owned_by_the_engine_and_labelled():
     body = engine().groups(2).ranks(2).obj()
     for obj in render.render_children(*parse(body)):
         meta = obj["metadata"]
-        assert meta["ownerReferences"] == [{"apiVersion": L.API_VERSION, "kind": L.KIND, "name": "llm",
-                                            "uid": body["metadata"]["uid"], "controller": True,
-                                            "blockOwnerDeletion": True}]
+        assert meta["ownerReferences"] == [{
+            "apiVersion": L.API_VERSION, "kind": L.KIND, "name": "llm",
+            "uid": body["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
         assert meta["labels"][L.LABEL_ENGINE] == "llm" and meta["namespace"] == "ns"
 
 
@@ -95,13 +95,15 @@ def test_a_single_rank_group_gets_no_multi_node_flags():
 def test_grace_period_covers_the_drain_plus_a_margin(timeout, grace):
     body = engine().drain(timeout).obj()
     assert render.engine_pod(*parse(body), 0, 0)["spec"]["terminationGracePeriodSeconds"] == grace
-    assert render.frontend_deployment(*parse(body))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    frontend = render.frontend_deployment(*parse(body))["spec"]["template"]["spec"]
+    assert frontend["terminationGracePeriodSeconds"] == grace
 
 
 def test_startup_probe_budget_follows_the_startup_timeout_not_a_fixed_delay():
     body = engine().set(engine={"startupTimeoutSeconds": 1805}).obj()
     probe = _container(render.engine_pod(*parse(body), 0, 0))["startupProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 1805 and "initialDelaySeconds" not in probe
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 1805
+    assert "initialDelaySeconds" not in probe
 
 
 def test_stock_vllm_runtime_uses_the_same_flags():
@@ -119,7 +121,8 @@ def test_stock_vllm_runtime_uses_the_same_flags():
         ({"image": "vllm/vllm-openai:v0.18.0"}, True),
         ({"image": "vllm/vllm-openai:v0.32.0"}, True),
         ({"image": "vllm/vllm-openai:latest", "runtimeVersion": "0.19.1"}, True),
-        ({"image": "registry.local:5000/vllm@sha256:" + "0" * 64, "runtimeVersion": "v0.17.0"}, False),
+        ({"image": "registry.local:5000/vllm@sha256:" + "0" * 64, "runtimeVersion": "v0.17.0"},
+         False),
     ],
 )
 def test_vllm_gets_the_drain_flag_only_from_the_release_that_has_it(fields, drains):
@@ -128,7 +131,8 @@ def test_vllm_gets_the_drain_flag_only_from_the_release_that_has_it(fields, drai
     assert (_flag(args, "--shutdown-timeout") == "60") is drains
     assert ("--shutdown-timeout" in args) is drains
     # The drain is bounded by the grace period either way.
-    assert render.engine_pod(*parse(body), 0, 0)["spec"]["terminationGracePeriodSeconds"] == 60 + render.SHUTDOWN_MARGIN_SECONDS
+    grace = render.engine_pod(*parse(body), 0, 0)["spec"]["terminationGracePeriodSeconds"]
+    assert grace == 60 + render.SHUTDOWN_MARGIN_SECONDS
 
 
 def test_frontends_run_the_router_image_whatever_the_runtime():
@@ -145,9 +149,11 @@ def test_frontends_run_the_router_image_whatever_the_runtime():
 
 def test_user_args_env_resources_and_model_volume_reach_every_rank():
     body = engine().ranks(2).set(
-        engine={"extraArgs": ["--max-model-len", "4096"], "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        engine={"extraArgs": ["--max-model-len", "4096"],
+                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
                 "resources": {"limits": {"nvidia.com/gpu": 8}}},
-        modelVolume={"mountPath": "/weights", "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
+        modelVolume={"mountPath": "/weights",
+                     "volume": {"persistentVolumeClaim": {"claimName": "w"}}},
     ).obj()
     for pod in render.group_pods(*parse(body), 0):
         c = _container(pod)
@@ -155,7 +161,8 @@ def test_user_args_env_resources_and_model_volume_reach_every_rank():
         assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
         assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
         assert {"name": "model", "mountPath": "/weights", "readOnly": True} in c["volumeMounts"]
-        assert {"name": "model", "persistentVolumeClaim": {"claimName": "w"}} in pod["spec"]["volumes"]
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": "w"}}
+        assert volume in pod["spec"]["volumes"]
 
 
 def test_frontend_serves_port_8000_and_reads_the_discovery_file():
@@ -189,7 +196,8 @@ def test_pdb_follows_the_discovered_api_version(api):
 
 
 def test_no_pdb_when_the_server_has_no_policy_api():
-    assert "PodDisruptionBudget" not in _by_kind(render.render_children(*parse(engine().obj()), pdb_api_version=None))
+    children = render.render_children(*parse(engine().obj()), pdb_api_version=None)
+    assert "PodDisruptionBudget" not in _by_kind(children)
 
 
 @pytest.mark.parametrize(
@@ -218,20 +226,29 @@ def test_rendering_is_deterministic():
 @pytest.mark.parametrize(
     "name, spec, problem",
     [
-        ("llm", {"model": "m", "tensorParallelSize": 3, "nodesPerGroup": 2}, "multiple of spec.nodesPerGroup"),
+        ("llm", {"model": "m", "tensorParallelSize": 3, "nodesPerGroup": 2},
+         "multiple of spec.nodesPerGroup"),
         ("x" * 50, {"model": "m"}, "at most 45"),
-        ("llm", {"model": "m", "restartPolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 5}}, "backoffMaxSeconds"),
+        ("llm", {"model": "m", "restartPolicy": {"backoffBaseSeconds": 60, "backoffMaxSeconds": 5}},
+         "backoffMaxSeconds"),
         ("llm", {"model": "m", "modelVolume": {"volume": {}}}, "exactly one volume source"),
-        ("llm", {"model": "m", "modelVolume": {"volume": {"hostPath": {"path": "/m"}, "name": "x"}}}, "must not set `name`"),
-        ("llm", {"model": "m", "runtime": "VLLM"}, "spec.image is ghcr.io/shoal-dev/shoal:0.1.0, a Shoal image"),
-        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:latest"}, "spec.runtimeVersion must say"),
+        ("llm", {"model": "m",
+                 "modelVolume": {"volume": {"hostPath": {"path": "/m"}, "name": "x"}}},
+         "must not set `name`"),
+        ("llm", {"model": "m", "runtime": "VLLM"},
+         "spec.image is ghcr.io/shoal-dev/shoal:0.1.0, a Shoal image"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:latest"},
+         "spec.runtimeVersion must say"),
         ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai@sha256:" + "0" * 64},
          "spec.runtimeVersion must say"),
-        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.19.1", "runtimeVersion": "0.20.0"},
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.19.1",
+                 "runtimeVersion": "0.20.0"},
          "contradicts the release in spec.image"),
-        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.10.2"}, "older than 0.11.0"),
-        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.11.0", "nodesPerGroup": 2,
-                 "tensorParallelSize": 2}, "spec.nodesPerGroup 2 needs vLLM >= 0.11.1"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.10.2"},
+         "older than 0.11.0"),
+        ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.11.0",
+                 "nodesPerGroup": 2, "tensorParallelSize": 2},
+         "spec.nodesPerGroup 2 needs vLLM >= 0.11.1"),
     ],
 )
 def test_cross_field_problems_say_what_to_fix(name, spec, problem):
@@ -261,7 +278,7 @@ def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
     must accept what we render (multi-rank execution itself is the engine's business)."""
     from shoal.engine.entrypoints import serve
 
-    body = engine().ranks(nodes).drain(30).set(engine={"extraArgs": ["--max-model-len", "512"]}).obj()
+    body = engine().ranks(nodes).drain(30).engine(extraArgs=["--max-model-len", "512"]).obj()
     args = _container(render.engine_pod(*parse(body), 0, rank))["args"]
     assert args[0] == "serve"
     parsed = serve.build_parser().parse_args(args[1:])
@@ -274,9 +291,11 @@ def test_shoal_serve_accepts_every_rank_command_line(nodes, rank):
 def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not():
     multi = _by_kind(render.render_children(*parse(engine().groups(2).ranks(2).obj())))["Pod"]
     for pod in multi:
-        (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        anti = pod["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
-        assert term["labelSelector"]["matchLabels"][L.LABEL_GROUP] == pod["metadata"]["labels"][L.LABEL_GROUP]
+        group = pod["metadata"]["labels"][L.LABEL_GROUP]
+        assert term["labelSelector"]["matchLabels"][L.LABEL_GROUP] == group
     single = _by_kind(render.render_children(*parse(engine().groups(2).ranks(1).obj())))["Pod"]
     assert all("affinity" not in p["spec"] for p in single)
 
@@ -284,8 +303,8 @@ def test_ranks_of_a_multi_node_group_repel_each_other_single_node_groups_do_not(
 def test_the_frontends_routing_reaches_the_router_as_it_reads_it(monkeypatch):
     """spec.frontend.routing is rendered into the frontend's environment; the router's own
     reader accepts it (render's output fed to the router, not a copy of the variable's name)."""
-    from shoal.router.main import routing_from_env
     from shoal.operator import render
+    from shoal.router.main import routing_from_env
 
     for routing in ("least-outstanding", "prefix-affinity"):
         body = engine("fr", "ns").set(frontend={"routing": routing}).obj()

@@ -7,9 +7,20 @@ from shoal.operator.status import summarize
 
 
 def _summary(**kw):
-    args = dict(replicas=2, groups=[{"index": 0, "phase": "Ready"}, {"index": 1, "phase": "Ready"}],
-                problems=[], deleting=False, last_failure=None, generation=1, now="2026-11-30T00:00:00Z",
-                previous=[], frontends_ready=1, frontends_desired=1, serving=[0, 1], pods_left=2)
+    args = dict(
+        replicas=2,
+        groups=[{"index": 0, "phase": "Ready"}, {"index": 1, "phase": "Ready"}],
+        problems=[],
+        deleting=False,
+        last_failure=None,
+        generation=1,
+        now="2026-11-30T00:00:00Z",
+        previous=[],
+        frontends_ready=1,
+        frontends_desired=1,
+        serving=[0, 1],
+        pods_left=2,
+    )
     args.update(kw)
     phase, conds = summarize(**args)
     return phase, {c["type"]: c for c in conds}
@@ -29,8 +40,9 @@ def test_groups_ready_without_a_ready_frontend_is_not_ready():
 
 
 def test_a_ready_frontend_with_an_empty_discovery_list_does_not_serve():
-    phase, c = _summary(groups=[{"index": 0, "phase": "Starting"}, {"index": 1, "phase": "Starting"}],
-                        serving=[])
+    phase, c = _summary(
+        groups=[{"index": 0, "phase": "Starting"}, {"index": 1, "phase": "Starting"}], serving=[]
+    )
     assert phase == "Progressing" and c["Serving"]["reason"] == "NoGroupInDiscovery"
     assert c["Ready"]["reason"] == "GroupsNotReady"
 

@@ -17,9 +17,16 @@ from shoal.contract.termination import (
 
 def test_a_written_message_reads_back_with_every_field(tmp_path):
     path = tmp_path / "termination-log"
-    assert write_termination_message(Cause.OUT_OF_MEMORY, "CUDA OOM in step", rank=3, exit_code=1, path=str(path))
+    assert write_termination_message(
+        Cause.OUT_OF_MEMORY, "CUDA OOM in step", rank=3, exit_code=1, path=str(path)
+    )
     msg = parse_termination_message(path.read_text())
-    assert (msg.cause, msg.rank, msg.exit_code, msg.message) == (Cause.OUT_OF_MEMORY, 3, 1, "CUDA OOM in step")
+    assert (msg.cause, msg.rank, msg.exit_code, msg.message) == (
+        Cause.OUT_OF_MEMORY,
+        3,
+        1,
+        "CUDA OOM in step",
+    )
     assert msg.structured and msg.pid and msg.time.endswith("Z")
     assert not msg.permanent
 
@@ -43,15 +50,32 @@ def test_multibyte_text_never_exceeds_the_limit():
     [
         (None, Cause.UNKNOWN),
         ("", Cause.UNKNOWN),
-        ("Traceback (most recent call last):\n torch.OutOfMemoryError: CUDA out of memory", Cause.OUT_OF_MEMORY),
-        ("RuntimeError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL", Cause.COLLECTIVE_TIMEOUT),
-        ("OSError: /models/missing is not a local folder and is not a valid model identifier",
-         Cause.MODEL_NOT_FOUND),
+        (
+            "Traceback (most recent call last):\n torch.OutOfMemoryError: CUDA out of memory",
+            Cause.OUT_OF_MEMORY,
+        ),
+        (
+            "RuntimeError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL",
+            Cause.COLLECTIVE_TIMEOUT,
+        ),
+        (
+            "OSError: /models/missing is not a local folder and is not a valid model identifier",
+            Cause.MODEL_NOT_FOUND,
+        ),
         # Generic phrases are not permanent faults (a missing NCCL segment, a bad batch).
-        ("FileNotFoundError: [Errno 2] No such file or directory: '/dev/shm/nccl-1'", Cause.UNKNOWN),
-        ("Traceback (most recent call last):\nValueError: top_k must be positive", Cause.ENGINE_ERROR),
+        (
+            "FileNotFoundError: [Errno 2] No such file or directory: '/dev/shm/nccl-1'",
+            Cause.UNKNOWN,
+        ),
+        (
+            "Traceback (most recent call last):\nValueError: top_k must be positive",
+            Cause.ENGINE_ERROR,
+        ),
         ("vllm serve: error: unrecognized arguments: --bogus", Cause.CONFIG_ERROR),
-        ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue", Cause.ENGINE_ERROR),
+        (
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue",
+            Cause.ENGINE_ERROR,
+        ),
         ("{not json", Cause.UNKNOWN),
         ('{"foreign": "json"}', Cause.UNKNOWN),
         ('{"cause": "from_the_future", "message": "m"}', Cause.UNKNOWN),
@@ -64,7 +88,10 @@ def test_text_that_is_not_ours_is_accepted_and_classified(text, cause):
 
 def test_only_configuration_errors_are_permanent():
     assert is_permanent(Cause.CONFIG_ERROR) and is_permanent("model_not_found")
-    assert not any(is_permanent(c) for c in (Cause.ENGINE_ERROR, Cause.COLLECTIVE_TIMEOUT, Cause.OOM_KILLED, "nonsense"))
+    assert not any(
+        is_permanent(c)
+        for c in (Cause.ENGINE_ERROR, Cause.COLLECTIVE_TIMEOUT, Cause.OOM_KILLED, "nonsense")
+    )
 
 
 def test_writing_outside_a_pod_is_a_silent_no_op(monkeypatch):

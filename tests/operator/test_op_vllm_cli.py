@@ -38,7 +38,11 @@ def _example_bodies() -> dict[str, dict]:
     out = {}
     for path in sorted(EXAMPLES.glob("*.yaml")):
         for obj in yaml.safe_load_all(path.read_text()):
-            if obj and obj.get("kind") == L.KIND and (obj.get("spec") or {}).get("runtime") == "VLLM":
+            if (
+                obj
+                and obj.get("kind") == L.KIND
+                and (obj.get("spec") or {}).get("runtime") == "VLLM"
+            ):
                 obj["metadata"] = {**obj["metadata"], "namespace": "default", "uid": "u-1"}
                 out[f"{path.name}:{obj['metadata']['name']}"] = obj
     return out
@@ -53,9 +57,16 @@ CASES = {
     "two-nodes-rank0": (_vllm(2, 2, engine={"extraArgs": EXTRA}), 1, 0),
     "two-nodes-headless": (_vllm(2, 2, engine={"extraArgs": EXTRA}), 1, 1),
     "four-nodes-headless": (_vllm(4, 8), 0, 3),
-    "release-without-drain-flag": (_vllm(2, 2, image="registry.local/vllm:prod", runtimeVersion="0.17.1"), 0, 0),
-    **{f"{name}:g0-r{rank}": (body, 0, rank) for name, body in EXAMPLES_VLLM.items()
-       for rank in range(body["spec"].get("nodesPerGroup", 1))},
+    "release-without-drain-flag": (
+        _vllm(2, 2, image="registry.local/vllm:prod", runtimeVersion="0.17.1"),
+        0,
+        0,
+    ),
+    **{
+        f"{name}:g0-r{rank}": (body, 0, rank)
+        for name, body in EXAMPLES_VLLM.items()
+        for rank in range(body["spec"].get("nodesPerGroup", 1))
+    },
 }
 
 
@@ -83,7 +94,9 @@ def test_vllm_parses_every_rendered_command_line(vllm_parsed, name):
     got = vllm_parsed[name]
     container = got["pod"]["spec"]["containers"][0]
     assert container["command"] == ["vllm"]
-    assert got["ok"], f"`vllm {' '.join(container['args'])}` refused by vLLM {TESTED_VERSION}: {got['error']}"
+    assert got["ok"], (
+        f"`vllm {' '.join(container['args'])}` refused by vLLM {TESTED_VERSION}: {got['error']}"
+    )
     spec, args = body["spec"], got["args"]
     nodes = spec.get("nodesPerGroup", 1)
     assert args["subparser"] == "serve" and args["model_tag"] == spec["model"]
@@ -94,7 +107,9 @@ def test_vllm_parses_every_rendered_command_line(vllm_parsed, name):
         assert (args["host"], args["port"]) == ("0.0.0.0", L.HTTP_PORT)
     if nodes > 1:
         assert (args["nnodes"], args["node_rank"]) == (nodes, rank)
-        assert args["master_addr"] == L.rank_host(body["metadata"]["name"], body["metadata"]["namespace"], group, 0)
+        assert args["master_addr"] == L.rank_host(
+            body["metadata"]["name"], body["metadata"]["namespace"], group, 0
+        )
         assert args["master_port"] == spec.get("masterPort", 29500)
     extra = (spec.get("engine") or {}).get("extraArgs") or []
     if "--max-model-len" in extra:
@@ -112,7 +127,10 @@ def test_the_drain_reaches_vllm_only_where_its_release_has_the_flag(vllm_parsed)
 @COLD_BUILD
 def test_the_parser_refuses_what_vllm_refuses(vllm_parsed):
     """The check has teeth: vLLM exits 2 on an unknown flag or a bad value, as in a pod."""
-    assert not vllm_parsed["unknown-flag"]["ok"] and "--no-such-flag" in vllm_parsed["unknown-flag"]["error"]
+    assert (
+        not vllm_parsed["unknown-flag"]["ok"]
+        and "--no-such-flag" in vllm_parsed["unknown-flag"]["error"]
+    )
     assert not vllm_parsed["bad-value"]["ok"] and "exit 2" in vllm_parsed["bad-value"]["error"]
 
 
@@ -124,11 +142,15 @@ def test_an_image_that_cannot_run_the_group_is_spec_invalid(control_plane, quiet
     """The old example (vLLM 0.11.0 for a two-node group) is reported, naming the field, and
     nothing is created for it."""
     ns = quiet_ns
-    manifest = engine("old", ns).ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.11.0").manifest()
+    manifest = (
+        engine("old", ns).ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.11.0").manifest()
+    )
     body = create_ie(kube, manifest)
     Reconciler(Kube(control_plane.api_client())).reconcile(body)
     cond = next(c for c in ie(kube, ns, "old")["status"]["conditions"] if c["type"] == "SpecValid")
-    assert cond["status"] == "False" and "spec.nodesPerGroup 2 needs vLLM >= 0.11.1" in cond["message"]
+    assert (
+        cond["status"] == "False" and "spec.nodesPerGroup 2 needs vLLM >= 0.11.1" in cond["message"]
+    )
     assert pods(kube, ns, "old") == {}
 
 
