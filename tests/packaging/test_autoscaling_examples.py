@@ -16,6 +16,8 @@ from kube_schemas import problems
 from packaging_support import EXAMPLES, REPO, load_all
 from support.servers import ServeProcess
 
+pytestmark = pytest.mark.process  # real processes and sockets (tests/conftest.py)
+
 AUTOSCALING = EXAMPLES / "autoscaling"
 METRIC = re.compile(r"\bvllm:[a-z_]+")
 

@@ -12,6 +12,8 @@ import yaml
 from kube_schemas import problems, versions
 from packaging_support import CHART, REPO, HelmError, example_values_files, run
 
+pytestmark = pytest.mark.process  # real processes and sockets (tests/conftest.py)
+
 VALUES = [None, *example_values_files()]
 VALUE_IDS = ["default", *(p.stem for p in example_values_files())]
 

@@ -8,6 +8,8 @@ import pytest
 from kube_schemas import problems
 from test_chart import by_kind, the
 
+pytestmark = pytest.mark.process  # real processes and sockets (tests/conftest.py)
+
 
 def _gateway_args(objs: list[dict]) -> list[str]:
     (c,) = the(objs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"]

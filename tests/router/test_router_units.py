@@ -110,6 +110,7 @@ def test_picker_follows_the_file():
     assert picker.pick() is None and "lists no engine groups" in picker.why_none()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("argv", [["router"], ["serve", "some-model", "--frontend-only"]])
 def test_router_without_discovery_file_is_a_usage_error(argv):
     import subprocess
