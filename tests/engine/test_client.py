@@ -78,4 +78,5 @@ def test_bfloat16_engine_generates(make_llm, tiny_model):
     assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6]
     f32 = make_llm(tiny_model, dtype="float32", max_model_len=256)
     ref = f32.generate([[5, 6, 7]], wire.SamplingParams(temperature=0.0, max_tokens=1))
-    assert outs[0].outputs[0].token_ids[0] == ref[0].outputs[0].token_ids[0]  # the first greedy token survives bf16
+    # the first greedy token survives bf16
+    assert outs[0].outputs[0].token_ids[0] == ref[0].outputs[0].token_ids[0]

@@ -88,7 +88,8 @@ def test_kernel_implements_windows_softcap_and_sinks(kernel, window, softcap, wi
     table = torch.randperm(num_blocks - 1, generator=gen)[: len(ctx) * 10].add(1)
     table = table.reshape(len(ctx), 10).contiguous()
     num_heads = num_kv_heads * group
-    q = 2 * torch.randn(len(ctx), num_heads, d, generator=gen)  # scores of a few units: the cap bites
+    # scores of a few units: the cap bites
+    q = 2 * torch.randn(len(ctx), num_heads, d, generator=gen)
     sinks = torch.randn(num_heads, generator=gen) + 1.0 if with_sinks else None
     scale = d ** -0.5
     out = kernel(q, k_cache, v_cache, table, ctx, scale, window, softcap, sinks)

@@ -18,12 +18,15 @@ class OutOfMemoryError(RuntimeError):  # torch's class name; torch is not needed
     "exc, serving, cause",
     [
         (ConfigError("--max-model-len must be positive"), False, Cause.CONFIG_ERROR),
-        (UnsupportedModelError("GPT2LMHeadModel: absolute position embeddings"), False, Cause.CONFIG_ERROR),
+        (UnsupportedModelError("GPT2LMHeadModel: absolute position embeddings"), False,
+         Cause.CONFIG_ERROR),
         (ModelNotFoundError("model path '/m' is not a directory"), False, Cause.MODEL_NOT_FOUND),
         # Text that reads like a permanent fault is not one.
-        (FileNotFoundError("[Errno 2] No such file or directory: '/dev/shm/nccl-x'"), False, Cause.STARTUP_ERROR),
+        (FileNotFoundError("[Errno 2] No such file or directory: '/dev/shm/nccl-x'"), False,
+         Cause.STARTUP_ERROR),
         (ValueError("max_model_len must be positive"), False, Cause.STARTUP_ERROR),
-        (PermissionError("model files ['model.safetensors'] are not readable"), False, Cause.STARTUP_ERROR),
+        (PermissionError("model files ['model.safetensors'] are not readable"), False,
+         Cause.STARTUP_ERROR),
         # After the engine served, nothing is permanent.
         (ValueError("bad batch: must be sorted"), True, Cause.ENGINE_ERROR),
         (ConfigError("a config error raised mid-step"), True, Cause.ENGINE_ERROR),

@@ -33,7 +33,8 @@ def test_outputs_have_vllm_shapes(llm):
     out = llm.generate(["def main(", [5, 6, 7]], SamplingParams(temperature=0, max_tokens=5,
                                                                  ignore_eos=True))
     text, ids = out
-    assert text.prompt == "def main(" and text.prompt_token_ids == llm.tokenizer("def main(").input_ids
+    assert text.prompt == "def main("
+    assert text.prompt_token_ids == llm.tokenizer("def main(").input_ids
     assert ids.prompt is None and ids.prompt_token_ids == [5, 6, 7]
     assert text.request_id != ids.request_id and text.finished and ids.finished
     (c,) = text.outputs

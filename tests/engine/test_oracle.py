@@ -112,4 +112,5 @@ def test_string_prompts_match_transformers(make_llm, tiny_model, hf_model):
         got = out.outputs[0]
         assert got.token_ids == ref[0, ids.shape[1]:].tolist()
         assert got.text == tok.decode(got.token_ids, skip_special_tokens=True)
-    assert len({tuple(o.outputs[0].token_ids) for o in outs}) == len(texts), "outputs should differ per prompt"
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) == len(texts), \
+        "outputs should differ per prompt"

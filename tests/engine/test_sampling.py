@@ -90,7 +90,8 @@ def test_seed_makes_sampling_reproducible(llm):
 
 
 def test_max_tokens_and_length_finish(llm):
-    outs = llm.generate(PROMPTS, wire.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    outs = llm.generate(PROMPTS, wire.SamplingParams(temperature=0.0, max_tokens=5,
+                                                     ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 5 and o.outputs[0].finish_reason == "length"
                for o in outs)
 
@@ -99,12 +100,13 @@ def test_stop_token_ids_and_min_tokens(llm):
     greedy = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6,
                                                           ignore_eos=True))[0].outputs[0].token_ids
     stop = greedy[2]
-    out = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6,
-                                                       stop_token_ids=[stop], ignore_eos=True))[0].outputs[0]
+    out = llm.generate(PROMPTS[0], wire.SamplingParams(
+        temperature=0.0, max_tokens=6, stop_token_ids=[stop], ignore_eos=True))[0].outputs[0]
     assert out.token_ids == greedy[:3] and out.finish_reason == "stop" and out.stop_reason == stop
     first = greedy[0]
-    held = llm.generate(PROMPTS[0], wire.SamplingParams(temperature=0.0, max_tokens=6, min_tokens=3,
-                                                        stop_token_ids=[first], ignore_eos=True))[0].outputs[0]
+    held = llm.generate(PROMPTS[0], wire.SamplingParams(
+        temperature=0.0, max_tokens=6, min_tokens=3, stop_token_ids=[first],
+        ignore_eos=True))[0].outputs[0]
     assert len(held.token_ids) >= 3 and held.token_ids[0] != first
 
 
@@ -120,6 +122,7 @@ def test_bad_prompt_in_a_batch_submits_nothing_and_the_engine_keeps_working(llm)
     with pytest.raises(ValueError, match="maximum context length"):
         llm.generate([[5, 6], list(range(5, 5 + 300))], wire.SamplingParams(max_tokens=2))
     assert not llm.engine_core.has_unfinished_requests()
-    assert len(llm.generate([[5, 6]], wire.SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
+    two = llm.generate([[5, 6]], wire.SamplingParams(max_tokens=2))[0].outputs[0]
+    assert len(two.token_ids) == 2
     with pytest.raises(ValueError, match="max_tokens"):
         llm.generate([[5, 6]], wire.SamplingParams(max_tokens=0))

@@ -197,7 +197,8 @@ def test_finished_requests_free_blocks_and_reach_the_runner_once():
     [
         (dict(max_tokens=3), [5, 5, 5], wire.FinishReason.LENGTH, None),
         (dict(max_tokens=9, stop_token_ids=[6]), [5, 6], wire.FinishReason.STOP, 6),
-        (dict(max_tokens=9, stop_token_ids=[6], min_tokens=3), [6, 6, 6], wire.FinishReason.STOP, 6),
+        (dict(max_tokens=9, stop_token_ids=[6], min_tokens=3), [6, 6, 6],
+         wire.FinishReason.STOP, 6),
         (dict(max_tokens=9), [5, 2], wire.FinishReason.STOP, None),  # 2 is eos
         (dict(max_tokens=3, ignore_eos=True), [2, 2, 2], wire.FinishReason.LENGTH, None),
     ],

@@ -32,7 +32,8 @@ def random_schema(rng: random.Random) -> dict:
         if kind == "boolean":
             return {"type": "boolean"}
         if kind == "enum":
-            return {"enum": rng.sample(["red", "green", "blue", "cyan", 1, 2, True], rng.randint(1, 4))}
+            return {"enum": rng.sample(["red", "green", "blue", "cyan", 1, 2, True],
+                                       rng.randint(1, 4))}
         if kind == "array":
             return {"type": "array", "items": rng.choice([{"type": "boolean"},
                                                           {"enum": ["a", "b"]}]),
@@ -78,7 +79,8 @@ def test_regex_and_choice_outputs_always_match(llm):
     for p, out in zip(params, outs, strict=True):
         assert out.finish_reason == "stop", out.text
         if p.structured_outputs.kind == "regex":
-            assert re.fullmatch(p.structured_outputs.spec, out.text), (p.structured_outputs, out.text)
+            assert re.fullmatch(p.structured_outputs.spec, out.text), \
+                (p.structured_outputs, out.text)
         else:
             assert out.text in choices
 

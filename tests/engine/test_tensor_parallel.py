@@ -1,12 +1,13 @@
 """Tensor parallelism: T real processes (gloo on loopback) give the unsharded model's logits.
 
 One spawned launcher forks four ranks; for each world size (4, then 2 on ranks 0-1) they join a
-gloo group and run every model in turn through the real ModelRunner path (paged attention, KV cache, sampling) on a fixed three-step script: full
-prefills, a chunked prefill with cached context, decodes (CPU kernel and torch path), greedy and
-random sampling. The reference is the same script with tensor_parallel_size 1 in this process.
-Models: the project's tiny/small Llama and tiny Qwen2, and tiny random Qwen3 (per-head q/k
-norms, biases), Mistral, Phi-3 (fused qkv_proj / gate_up_proj), OLMo-2 (full-width q/k norms)
-and Gemma-2. T=4 on 4 query / 2 KV heads exercises KV-head replication.
+gloo group and run every model in turn through the real ModelRunner path (paged attention, KV
+cache, sampling) on a fixed three-step script: full prefills, a chunked prefill with cached
+context, decodes (CPU kernel and torch path), greedy and random sampling. The reference is the
+same script with tensor_parallel_size 1 in this process. Models: the project's tiny/small Llama
+and tiny Qwen2, and tiny random Qwen3 (per-head q/k norms, biases), Mistral, Phi-3 (fused
+qkv_proj / gate_up_proj), OLMo-2 (full-width q/k norms) and Gemma-2. T=4 on 4 query / 2 KV
+heads exercises KV-head replication.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def script() -> list[SchedulerOutput]:
 
 
 def run_script(model: str, world_size: int, rank: int, fast: bool) -> dict:
-    """The script through a real Worker and ModelRunner; the logits are caught on their way to sampling."""
+    """The script through a real Worker and ModelRunner; the logits are caught on their way to
+    sampling."""
     from shoal.engine.worker import model_runner as mr
 
     config = EngineConfig(model=model, dtype="float32", tensor_parallel_size=world_size,

@@ -10,18 +10,10 @@ import sys
 from pathlib import Path
 
 import httpx
-from support import wait
 from support.net import free_port
 from support.servers import API_KEY, MODEL_NAME, ServeProcess, ServerProcess
 
-
-def wait_for(predicate, timeout, what, **kwargs):
-    """support.wait.wait_for, in the positional form (predicate, timeout, what) the router
-    tests call it with."""
-    return wait.wait_for(predicate, timeout, what=what, **kwargs)
-
-
-__all__ = ["API_KEY", "MODEL_NAME", "GatewayProcess", "RouterProcess", "ServeProcess", "wait_for",
+__all__ = ["API_KEY", "MODEL_NAME", "GatewayProcess", "RouterProcess", "ServeProcess",
            "local_discovery", "write_atomically", "write_discovery"]
 
 

@@ -26,13 +26,15 @@ from router_helpers import (
     kill_group,
     local_discovery,
     prefix_cache,
-    wait_for,
     write_atomically,
 )
 from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.spec import parse
+from support.wait import wait_for
+
+pytestmark = pytest.mark.process  # real processes and sockets (tests/conftest.py)
 
 
 def _body(name: str, replicas: int) -> dict:
@@ -185,7 +187,7 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_group(gateway, fleet, disc
     try:
         affinity.wait_listening()
         wait_for(lambda: affinity.metrics().get("shoal_router_groups_usable") == 3, 10,
-                 "the second gateway to see every group")
+                 what="the second gateway to see every group")
         served, rate = _shared_prefix_run(affinity, engines, SYSTEM_A)
     finally:
         assert affinity.stop() == 0
@@ -220,7 +222,7 @@ def _stuck_on(gw, label: str, send) -> tuple[threading.Thread, dict, int]:
         t = threading.Thread(target=send, args=(gw, "alpha", out))
         t.start()
         wait_for(lambda t=t: gw.metrics().get(key) == 1 or not t.is_alive(), 10,
-                 "the request to finish or to wait on the frozen group")
+                 what="the request to finish or to wait on the frozen group")
         if t.is_alive():
             return t, out, sent
     raise AssertionError(f"no request was sent to {label}")
@@ -252,9 +254,9 @@ def _bring_back(gw, engines, g: int, tmp, tiny_model) -> None:
     back = _serve(tiny_model, tmp, "alpha", port=engines["alpha"][g].port).wait_healthy()
     engines["alpha"][g] = back
     wait_for(lambda: gw.log().count(f"engine alpha group {g} recovered") >= 1, 15,
-             f"the gateway to see group {g} again", detail=lambda: gw.log()[-1500:])
+             what=f"the gateway to see group {g} again", detail=lambda: gw.log()[-1500:])
     wait_for(lambda: gw.metrics().get("shoal_router_groups_usable") == 3, 10,
-             "every group usable again")
+             what="every group usable again")
     before = engine_successes(back)
     _complete(gw, "alpha", 4)
     assert engine_successes(back) == before + 2

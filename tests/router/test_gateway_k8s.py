@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 from kubernetes import client
-from router_helpers import GatewayProcess, wait_for
+from router_helpers import GatewayProcess
 from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
@@ -18,6 +18,7 @@ from support import kubelet
 from support.builders import engine
 from support.engine_api import cleanup_namespace, create_ie, pods
 from support.operator_proc import OperatorProcess
+from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -35,9 +36,9 @@ def _install_crd(kube: Kube) -> None:
         return any(c["type"] == "Established" and c["status"] == "True"
                    for c in (got.get("status") or {}).get("conditions") or [])
 
-    wait_for(established, 30, "the InferenceEngine CRD to be established", interval=0.2)
+    wait_for(established, 30, what="the InferenceEngine CRD to be established", interval=0.2)
     wait_for(lambda: "inferenceengines" in kube.resources(L.API_VERSION), 30,
-             "the API server to serve inferenceengines", interval=0.2)
+             what="the API server to serve inferenceengines", interval=0.2)
 
 
 @pytest.fixture
@@ -71,18 +72,18 @@ def test_two_inference_engines_appear_in_the_gateways_models(control_plane, setu
         for name, model in (("alpha", "alpha-model"), ("beta", "beta-model")):
             create_ie(kube, engine(name, ns).groups(2).set(servedModelName=model).manifest())
         wait_for(lambda: len(pods(kube, ns, "alpha")) == 2 and len(pods(kube, ns, "beta")) == 2,
-                 30, "the operator to create the engine pods", detail=op.tail)
+                 30, what="the operator to create the engine pods", detail=op.tail)
         assert _models(gw) == []  # no group is Ready yet: nothing is served
         for name in ("alpha", "beta"):
             for pod in pods(kube, ns, name):
                 kubelet.set_ready(client.CoreV1Api(kube.api), pod, ns)
         wait_for(lambda: _models(gw) == ["alpha-model", "beta-model"], 30,
-                 "both models in the gateway's /v1/models",
+                 what="both models in the gateway's /v1/models",
                  detail=lambda: f"{_models(gw)}\n{gw.log()[-1500:]}\n{op.tail(20)}")
         # Both models are listed once each engine has one ready group; the second may come a
         # discovery update later (it did, under load).
         wait_for(lambda: f"engine {ns}/alpha: model alpha-model, 2 ready group(s)" in gw.log(),
-                 30, "alpha's two ready groups in the gateway's log",
+                 30, what="alpha's two ready groups in the gateway's log",
                  detail=lambda: gw.log()[-1500:])
         r = httpx.post(f"{gw.url}/v1/completions", headers=gw.headers, timeout=30,
                        json={"model": "gamma", "prompt": "hi"})
@@ -90,7 +91,7 @@ def test_two_inference_engines_appear_in_the_gateways_models(control_plane, setu
 
         kube.delete(L.API_VERSION, L.PLURAL, ns, "beta")
         wait_for(lambda: _models(gw) == ["alpha-model"], 60,
-                 "beta to leave the gateway once it is deleted",
+                 what="beta to leave the gateway once it is deleted",
                  detail=lambda: f"{_models(gw)}\n{gw.log()[-1500:]}")
         assert "following the discovery ConfigMaps in namespace" in gw.log()
     finally:

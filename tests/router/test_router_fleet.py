@@ -17,9 +17,11 @@ from router_helpers import (
     chat_with_system,
     engine_successes,
     kill_group,
-    wait_for,
     write_discovery,
 )
+from support.wait import wait_for
+
+pytestmark = pytest.mark.process  # real processes and sockets (tests/conftest.py)
 
 
 def _client(router) -> openai.OpenAI:
@@ -36,12 +38,12 @@ def _complete(router, n: int = 1) -> None:
 
 def _wait_listed(router, n: int) -> None:
     wait_for(lambda: router.metrics().get("shoal_router_groups_listed") == n, 10,
-             f"the router to list {n} group(s)", detail=lambda: router.log()[-1500:])
+             what=f"the router to list {n} group(s)", detail=lambda: router.log()[-1500:])
 
 
 def _wait_usable(router, n: int) -> None:
     wait_for(lambda: router.metrics().get("shoal_router_groups_usable") == n, 15,
-             f"{n} usable group(s)", detail=lambda: router.log()[-1500:])
+             what=f"{n} usable group(s)", detail=lambda: router.log()[-1500:])
 
 
 def test_openai_client_completions_and_chat(router):
@@ -63,7 +65,7 @@ def test_openai_client_completions_and_chat(router):
     assert parts[0] == "" and len([p for p in parts if p]) >= 2
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
     # A client that hangs up after `data: [DONE]` got everything: not a disconnect.
-    wait_for(lambda: sum(router.per_group("ok").values()) == 4, 10, "4 requests counted ok",
+    wait_for(lambda: sum(router.per_group("ok").values()) == 4, 10, what="4 requests counted ok",
              detail=lambda: router.metrics())
     assert not router.per_group("disconnect")
 
@@ -114,7 +116,7 @@ def test_removed_group_stops_and_added_group_starts_receiving(router, engines, d
 def test_bad_discovery_file_keeps_the_last_good_list(router, engines, discovery):
     discovery.write_text('{"groups": [{"group": 0, "url": ')
     wait_for(lambda: router.metrics().get("shoal_router_discovery_file_valid") == 0, 10,
-             "the router to notice the bad file")
+             what="the router to notice the bad file")
     assert "is invalid: not valid JSON" in router.log()
     assert "keeping the last good list of 2 group(s)" in router.log()
     assert httpx.get(f"{router.url}/health", timeout=5).status_code == 200
@@ -124,11 +126,11 @@ def test_bad_discovery_file_keeps_the_last_good_list(router, engines, discovery)
 
     discovery.write_text(json.dumps({"groups": [{"group": "zero", "url": engines[0].url}]}))
     wait_for(lambda: "groups[0].group must be a non-negative integer" in router.log(), 10,
-             "the schema error to be logged")
+             what="the schema error to be logged")
     assert router.metrics()["shoal_router_groups_listed"] == 2
     write_discovery(discovery, engines)
     wait_for(lambda: router.metrics().get("shoal_router_discovery_file_valid") == 1, 10,
-             "the router to accept the file again")
+             what="the router to accept the file again")
 
 
 class _DrainingGroup(BaseHTTPRequestHandler):
@@ -219,18 +221,18 @@ def test_client_disconnect_aborts_the_request_on_the_group(router, engines):
                                         "ignore_eos": True, "stream": True}) as r:
         assert r.status_code == 200
         next(r.iter_raw())
-    wait_for(lambda: aborted() == before + 1, 20, "the group to abort the abandoned stream")
+    wait_for(lambda: aborted() == before + 1, 20, what="the group to abort the abandoned stream")
     wait_for(lambda: sum(router.per_group("disconnect").values()) == left + 1, 10,
-             "the router to count the disconnect")
+             what="the router to count the disconnect")
     # Not streamed: the router is reading the whole answer when the client gives up.
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{router.url}/v1/completions", headers=router.headers, timeout=1.0,
                    json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1500,
                          "ignore_eos": True})
-    wait_for(lambda: aborted() == before + 2, 20, "the group to abort the abandoned request",
+    wait_for(lambda: aborted() == before + 2, 20, what="the group to abort the abandoned request",
              detail=lambda: router.log()[-1500:])
     wait_for(lambda: sum(router.per_group("disconnect").values()) == left + 2, 10,
-             "the router to count the second disconnect")
+             what="the router to count the second disconnect")
 
 
 def test_prefix_affinity_routing_of_the_per_engine_frontend(tiny_model, engines, discovery,

@@ -36,7 +36,8 @@ def test_tokenizer_matches_transformers(tokenizers, text):
             hf(text, add_special_tokens=special).input_ids
     ids = hf(text).input_ids
     for skip in (True, False):
-        assert fast.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+        assert (fast.decode(ids, skip_special_tokens=skip)
+                == hf.decode(ids, skip_special_tokens=skip))
     assert fast.eos_token_id == hf.eos_token_id and len(fast) == len(hf)
 
 

@@ -227,7 +227,8 @@ def test_the_operators_rendered_command_lines_start_a_two_node_group(tmp_path, t
     master_port = flags[flags.index("--master-port") + 1]
     http_port = free_port()
     subst = {"/models/tiny": tiny_model, render.L.rank_host("demo", "ns", 0, 0): "127.0.0.1",
-             str(render.L.DEFAULT_MASTER_PORT): master_port, str(render.L.HTTP_PORT): str(http_port)}
+             str(render.L.DEFAULT_MASTER_PORT): master_port,
+             str(render.L.HTTP_PORT): str(http_port)}
     env = {**os.environ, "SHOAL_KV_CACHE_SPACE": "0.0625"}
     procs = []
     try:

@@ -51,7 +51,8 @@ def chat(client, **kw):
 
 def test_response_format_json_schema_output_validates(client):
     r = chat(client, n=3, temperature=1.0, seed=7, response_format={
-        "type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}})
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}})
     for choice in r.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), WEATHER)

@@ -155,7 +155,8 @@ def write_termination_message(
 
 # Plain-text classification for messages that are not ours: stock vLLM images write no
 # termination message, so the kubelet's log tail (FallbackToLogsOnError) is all there is. Shoal's
-# own engine states its cause (errors.death_cause) and never goes through these rules.
+# own engine states its cause (shoal.engine.core.engine_core_proc.death.death_cause) and never
+# goes through these rules.
 # Permanent causes need a rule that only the permanent fault produces (argparse's own line,
 # Hugging Face's "not a valid model identifier"), never a generic phrase: "No such file or
 # directory" is also a missing /dev/shm/nccl-* segment, and a ValueError is also a bad batch.

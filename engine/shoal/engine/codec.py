@@ -83,7 +83,8 @@ class MsgpackEncoder:
             t = obj.detach().to("cpu").contiguous()
             raw = t.view(torch.uint8).numpy() if t.numel() else b""
             return self._encode_buffer(str(t.dtype).removeprefix("torch."), tuple(t.shape), raw)
-        raise TypeError(f"{type(obj).__name__} cannot cross the wire (no pickle); use a wire struct")
+        raise TypeError(f"{type(obj).__name__} cannot cross the wire (no pickle); "
+                        "use a wire struct")
 
     def _encode_buffer(self, dtype: str, shape: tuple, arr: Any) -> tuple:
         data = memoryview(arr).cast("B") if len(arr) else memoryview(b"")

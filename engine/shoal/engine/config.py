@@ -1,8 +1,9 @@
 """EngineConfig: the one validated, immutable configuration object of an engine.
 
 Every bad value raises ConfigError (a ValueError) saying what to change, at construction,
-before any model is loaded. Values the engine derives (the context length from the model, the KV memory budget
-from the environment) are resolved here too, so the object that is passed around is complete.
+before any model is loaded. Values the engine derives (the context length from the model, the
+KV memory budget from the environment) are resolved here too, so the object that is passed
+around is complete.
 This module imports neither torch nor transformers: the frontend process builds and checks a
 config without them.
 """
@@ -161,7 +162,8 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             _fail(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            _fail(f"num_kv_blocks must be at least 2 (block 0 is reserved), got {self.num_kv_blocks}.")
+            _fail(f"num_kv_blocks must be at least 2 (block 0 is reserved), "
+                  f"got {self.num_kv_blocks}.")
         if self.num_threads is not None and self.num_threads < 1:
             _fail(f"num_threads must be at least 1, got {self.num_threads}.")
         if self.max_logprobs < 0:

@@ -71,7 +71,8 @@ class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     """A constraint on a request's output (vLLM's StructuredOutputsParams, one kind at a time):
     the EngineCore compiles it into a grammar and masks the logits of every step with it."""
 
-    kind: str  # "json" (a JSON schema), "regex", "choice" (a JSON list of strings), "grammar" (Lark)
+    # "json" (a JSON schema), "regex", "choice" (a JSON list of strings), "grammar" (Lark)
+    kind: str
     spec: str  # the schema's JSON text, the regex, the JSON list, or the Lark grammar
 
 

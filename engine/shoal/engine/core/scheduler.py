@@ -134,7 +134,8 @@ class Scheduler:
             i += 1
 
         compiling: list[Request] = []  # passed over this step: their grammars are not ready
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.max_num_seqs):
             req = self.waiting[0]
             if req.grammar is not None and not self.structured.is_ready(req):
                 compiling.append(self.waiting.popleft())

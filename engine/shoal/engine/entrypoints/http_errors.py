@@ -2,8 +2,8 @@
 
 `{"error": {"message", "type", "param", "code"}}`: 400 bad input (the message says what to
 change), 401 wrong/missing API key, 404 unknown model (as OpenAI and vLLM answer), 503 engine
-unavailable (draining or shutting down; with `Retry-After: 1`), 500 engine death (the message names the process, rank and root
-cause).
+unavailable (draining or shutting down; with `Retry-After: 1`), 500 engine death (the message
+names the process, rank and root cause).
 """
 
 from __future__ import annotations

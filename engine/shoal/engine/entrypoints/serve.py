@@ -12,16 +12,15 @@ termination message), 2 for bad flags.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 import time
 
-from shoal.engine.config import PERFORMANCE_MODES, serving_batch_defaults
+from shoal.engine.config import serving_batch_defaults
+from shoal.engine.entrypoints.serve_flags import build_parser, parse_bytes  # noqa: F401
 
 logger = logging.getLogger("shoal.serve")
 
@@ -29,113 +28,6 @@ logger = logging.getLogger("shoal.serve")
 # this long before exiting, so probes and clients see why.
 DEAD_LINGER_ENV = "SHOAL_DEAD_LINGER_S"
 DEFAULT_DEAD_LINGER_S = 2.0
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
-
-
-def parse_bytes(text: str) -> int:
-    """'1073741824', '512M', '2GiB', '1.5G' -> bytes (K/M/G/T are powers of 1024, like vLLM)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2147483648, 512M, 2G)")
-    value, unit = float(m.group(1)), m.group(2).lower()
-    return int(value * 1024 ** " kmgt".index(unit or " "))
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that also leaves the termination message: a bad flag is a config error the
-    operator must see (and not restart), not an exit 2 with nothing said."""
-
-    def error(self, message: str):
-        from shoal.contract.termination import Cause, write_termination_message
-
-        write_termination_message(Cause.CONFIG_ERROR, f"{self.prog}: error: {message}",
-                                  exit_code=2)
-        super().error(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="shoal serve",
-        description="Serve a local Hugging Face causal LM over an OpenAI-compatible HTTP API "
-                    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
-                    "/version, /tokenize, /detokenize). Flag names follow `vllm serve`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="local model directory (config.json, safetensors, tokenizer); "
-                                 "`shoal make-model DIR` writes one")
-    net = p.add_argument_group("HTTP")
-    net.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    net.add_argument("--port", type=int, default=8000, help="port to listen on")
-    net.add_argument("--served-model-name", nargs="+", default=None,
-                     help="model name(s) clients send as `model`; the first is reported in "
-                          "responses (default: the model path)")
-    net.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
-                     help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
-    eng = p.add_argument_group("engine")
-    eng.add_argument("--max-model-len", type=int, default=None,
-                     help="context length (prompt + output); default: the model's own")
-    eng.add_argument("--max-num-seqs", type=int, default=None,
-                     help="most requests running in one batch (default, vLLM's: 128 per rank on "
-                          "the CPU, 256 on a GPU)")
-    eng.add_argument("--max-num-batched-tokens", type=int, default=None,
-                     help="token budget of one engine step, long prompts are chunked (default, "
-                          "vLLM's: 2048 per rank on the CPU, 2048 on a GPU)")
-    eng.add_argument("--performance-mode", choices=PERFORMANCE_MODES, default="balanced",
-                     help="throughput: twice the default seats and token budget, for "
-                          "aggregate tokens/s over per-request latency (vLLM's flag)")
-    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                     default=True, help="reuse KV blocks of shared prompt prefixes")
-    eng.add_argument("--dtype", default="auto",
-                     choices=["auto", "float32", "bfloat16", "float16"],
-                     help="weight/activation/KV dtype; auto = the model's own, but float32 "
-                          "checkpoints run in bfloat16 on CUDA and on CPUs with native bf16 "
-                          "(as vLLM)")
-    eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    eng.add_argument("--seed", type=int, default=0,
-                     help="seed of the engine's generator for unseeded sampled requests")
-    eng.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
-                     help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB, else 1 GiB)")
-    eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                     help="use exactly this many KV blocks instead of sizing from the budget")
-    eng.add_argument("--num-threads", type=int, default=None,
-                     help="torch threads of each engine rank (default: the CPUs this process "
-                          "may use (affinity, cgroup CPU limit) split over this node's ranks)")
-    eng.add_argument("--max-logprobs", type=int, default=20,
-                     help="most logprobs (alternatives per token) a request's logprobs, "
-                          "top_logprobs or prompt_logprobs may ask for")
-    eng.add_argument("--shutdown-timeout", type=float, default=0.0,
-                     help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
-                          "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
-                          "ones for up to N seconds, then abort the rest")
-    par = p.add_argument_group("parallelism (docs/serving.md, \"More than one rank\")")
-    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                     help="ranks per model replica; every layer is split over them")
-    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
-                     help="pipeline stages (only 1 is implemented)")
-    par.add_argument("--nnodes", type=int, default=1,
-                     help="nodes the ranks are spread over (tensor-parallel-size / nnodes each)")
-    par.add_argument("--node-rank", type=int, default=0,
-                     help="this node's rank in the group; nodes other than 0 run --headless")
-    par.add_argument("--master-addr", default="127.0.0.1",
-                     help="node 0's address: torch.distributed, step broadcast, group link")
-    par.add_argument("--master-port", type=int, default=29500,
-                     help="node 0's torch.distributed port (multi-node; the group link uses "
-                          "port + 1)")
-    par.add_argument("--headless", action="store_true",
-                     help="run this node's workers only (no API server, no scheduler); needs "
-                          "--nnodes > 1 and --node-rank > 0")
-    p.add_argument("--engine-host", default=None,
-                   help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
-    tools = p.add_argument_group("tool calling (docs/serving.md, \"Structured output and tools\")")
-    tools.add_argument("--enable-auto-tool-choice", action="store_true",
-                       help='allow tool_choice "auto" (the default with tools): the model calls '
-                            "tools in its own words, read by --tool-call-parser")
-    tools.add_argument("--tool-call-parser", choices=["hermes"], default=None,
-                       help="how tool calls are found in free text under tool_choice \"auto\": "
-                            "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return p
 
 
 def _config_error(message: str, cause=None) -> int:
@@ -164,8 +56,7 @@ def _check_parallelism(args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     role = f"node {args.node_rank}" if args.headless else "frontend"
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [{role}] %(message)s")
@@ -173,6 +64,25 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_parallelism(args)
     if problem:
         return _config_error(problem)
+    config = _engine_config(args)
+    if isinstance(config, int):
+        return config
+    if args.headless:
+        from shoal.engine.executor.headless import run_headless
+
+        return run_headless(config)
+    names = args.served_model_name or [args.model]
+    llm = _start_engine(config, args, names)
+    if isinstance(llm, int):
+        return llm
+    from shoal.engine.entrypoints import event_loop
+
+    return event_loop.run(_serve(llm, args, names, started))
+
+
+def _engine_config(args):
+    """The EngineConfig the flags ask for (vLLM's batch defaults where unset), or exit code 2
+    with the termination message written."""
     from shoal.engine.config import EngineConfig
 
     seats, tokens = serving_batch_defaults(args.device, args.tensor_parallel_size,
@@ -205,16 +115,16 @@ def main(argv: list[str] | None = None) -> int:
 
         config = dataclasses.replace(config,
                                      num_threads=engine_threads(len(config.local_ranks())))
-    if args.headless:
-        from shoal.engine.executor.headless import run_headless
+    return config
 
-        return run_headless(config)
-    names = args.served_model_name or [args.model]
 
-    # Until uvicorn installs its handlers: a signal during start-up stops start-up cleanly.
-    def _startup_signal(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+def _startup_signal(signum, frame):
+    """Until uvicorn installs its handlers: a signal during start-up stops start-up cleanly."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
+
+def _start_engine(config, args, names: list[str]):
+    """AsyncLLM with its engine process ready, or the exit code of a failed start-up."""
     signal.signal(signal.SIGTERM, _startup_signal)
     from shoal.engine.errors import EngineDeadError, EngineStartupError
     from shoal.engine.frontend.async_llm import AsyncLLM
@@ -244,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("engine ready: %d KV blocks x %d tokens, max_model_len %d, %d seats, %d tokens "
                 "per step, engine start-up %.1f s", r.num_blocks, r.block_size, r.max_model_len,
                 config.max_num_seqs, config.max_num_batched_tokens, r.startup_seconds)
-    from shoal.engine.entrypoints import event_loop
-
-    return event_loop.run(_serve(llm, args, names, started))
+    return llm
 
 
 def _import_http_stack() -> None:
@@ -260,15 +168,10 @@ def _write_dead(exc) -> None:
     write_dead_termination(exc.dead)
 
 
-async def _serve(llm, args, names: list[str], started: float) -> int:
+def _http_server(app, llm, args, state: dict):
+    """uvicorn's Server whose first signal shuts the engine down (drain or abort by
+    --shutdown-timeout) and whose second one kills it."""
     import uvicorn
-    from shoal.engine.entrypoints.api_server import build_app
-    from shoal.engine.entrypoints.tool_calls import ToolSettings
-
-    app = build_app(llm, served_model_names=names, api_key=args.api_key,
-                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser))
-    loop = asyncio.get_running_loop()
-    state = {"rc": 0, "signalled": False}
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:
@@ -289,9 +192,14 @@ async def _serve(llm, args, names: list[str], started: float) -> int:
             else:
                 self.should_exit = True
 
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                   access_log=False, timeout_graceful_shutdown=10,
-                                   timeout_keep_alive=5))
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                 access_log=False, timeout_graceful_shutdown=10,
+                                 timeout_keep_alive=5))
+
+
+def _watch_engine(llm, server, state: dict) -> None:
+    """Stop serving when the engine dies (after the linger, exit 1) or stops unasked."""
+    loop = asyncio.get_running_loop()
 
     def on_dead(err) -> None:
         state["rc"] = 1
@@ -308,16 +216,27 @@ async def _serve(llm, args, names: list[str], started: float) -> int:
 
     llm.on_engine_dead.append(on_dead)
     llm.on_engine_stopped.append(on_stopped)
+
+
+async def _announce(server, args, names: list[str], started: float) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
+    logger.info("ready: http://%s:%d/v1 serving %s (start-up %.1f s)", host, args.port,
+                ", ".join(names), time.monotonic() - started)
+
+
+async def _serve(llm, args, names: list[str], started: float) -> int:
+    from shoal.engine.entrypoints.api_server import build_app
+    from shoal.engine.entrypoints.tool_calls import ToolSettings
+
+    app = build_app(llm, served_model_names=names, api_key=args.api_key,
+                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser))
+    state = {"rc": 0, "signalled": False}
+    server = _http_server(app, llm, args, state)
+    _watch_engine(llm, server, state)
     llm.start()
-
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.05)
-        host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
-        logger.info("ready: http://%s:%d/v1 serving %s (start-up %.1f s)", host, args.port,
-                    ", ".join(names), time.monotonic() - started)
-
-    announcer = loop.create_task(announce())
+    announcer = asyncio.get_running_loop().create_task(_announce(server, args, names, started))
     try:
         await server.serve()
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind

@@ -56,70 +56,84 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         body.check_supported()
         plan = plan_tools(body, settings)
         s.ensure_available()
-        llm = s.llm
-        messages = [m.template_dict() for m in body.messages]
-        prompt = llm.input_processor.render_chat(messages, body.add_generation_prompt,
-                                                 tools=plan.template_tools if plan else None)
-        params = body.sampling_params(default_max_tokens=None,
-                                      max_logprobs=llm.config.max_logprobs)
-        _constrain_for_tools(params, plan)
-        if plan is not None and plan.mode == "auto":
-            params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
-        if plan is not None and plan.mode != "none" and (
-                body.logprobs or body.prompt_logprobs is not None):
-            raise InvalidRequestError("logprobs and prompt_logprobs are not implemented for "
-                                      "responses with tools (tool_choice "
-                                      f"{plan.mode!r}); send them without tools.")
+        prompt = s.llm.input_processor.render_chat(
+            [m.template_dict() for m in body.messages], body.add_generation_prompt,
+            tools=plan.template_tools if plan else None)
+        params = _chat_params(s, body, plan)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
         gens = s.start_choices([prompt], params, body.n, request_id)
         n_prompt = [len(prompt)] * body.n
-        head = {"id": request_id, "object": "chat.completion", "created": created,
+        head = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": s.model_name}
         if plan is not None and plan.mode != "none":
             if body.stream:
                 return StreamingResponse(_tool_stream(s, body, plan, gens, head, n_prompt),
                                          media_type="text/event-stream")
             return await _tool_response(request, plan, gens, head, n_prompt)
-
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-            def chunk(i, out, usage=None, delta=None):
-                obj = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                       "model": s.model_name, "choices": []}
-                if usage is not None:
-                    obj["usage"] = usage
-                    return obj
-                lp = None
-                if delta is None:
-                    delta = {"content": out.text} if out.text else {}
-                    if body.logprobs:
-                        lp = logprobs_format.chat_logprobs(out.logprobs or [])
-                obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
-                                       "finish_reason": out.finish_reason if out else None,
-                                       "stop_reason": out.stop_reason if out else None})
-                return obj
-
-            role = [sse(chunk(i, None, delta={"role": "assistant", "content": ""}))
-                    for i in range(len(gens))]
-            return StreamingResponse(s.stream_events(gens, chunk, n_prompt, include_usage, role),
-                                     media_type="text/event-stream")
-
-        def add_logprobs(response: dict, c: Collected) -> None:
-            if body.logprobs:
-                for i, choice in enumerate(response["choices"]):
-                    choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
-            if body.prompt_logprobs is not None:  # vLLM: on the response, the prompt is shared
-                response["prompt_logprobs"] = logprobs_format.prompt_logprobs(
-                    c.prompt_logprobs[0] or [None])
-
+            return _text_stream(s, body, gens, head, n_prompt)
         wants = body.logprobs or body.prompt_logprobs is not None
         return await s.respond(request, gens, n_prompt, head,
                                lambda text: {"message": {"role": "assistant", "content": text}},
-                               add_logprobs=add_logprobs if wants else None)
+                               add_logprobs=_logprobs_filler(body) if wants else None)
 
     return router
+
+
+def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None):
+    """The request's SamplingParams, constrained by its tool plan; 400 for what tools exclude."""
+    params = body.sampling_params(default_max_tokens=None,
+                                  max_logprobs=s.llm.config.max_logprobs)
+    _constrain_for_tools(params, plan)
+    if plan is not None and plan.mode == "auto":
+        params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
+    if plan is not None and plan.mode != "none" and (
+            body.logprobs or body.prompt_logprobs is not None):
+        raise InvalidRequestError("logprobs and prompt_logprobs are not implemented for "
+                                  "responses with tools (tool_choice "
+                                  f"{plan.mode!r}); send them without tools.")
+    return params
+
+
+def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
+                 n_prompt: list[int]) -> StreamingResponse:
+    """SSE of a chat answer without tool calls: the role delta first, then content deltas."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    base = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(i, out, usage=None, delta=None):
+        obj = {**base, "choices": []}
+        if usage is not None:
+            obj["usage"] = usage
+            return obj
+        lp = None
+        if delta is None:
+            delta = {"content": out.text} if out.text else {}
+            if body.logprobs:
+                lp = logprobs_format.chat_logprobs(out.logprobs or [])
+        obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
+                               "finish_reason": out.finish_reason if out else None,
+                               "stop_reason": out.stop_reason if out else None})
+        return obj
+
+    role = [sse(chunk(i, None, delta={"role": "assistant", "content": ""}))
+            for i in range(len(gens))]
+    return StreamingResponse(s.stream_events(gens, chunk, n_prompt, include_usage, role),
+                             media_type="text/event-stream")
+
+
+def _logprobs_filler(body: ChatCompletionRequest):
+    """add_logprobs for Serving.respond: chat's logprobs per choice, prompt_logprobs once."""
+
+    def add_logprobs(response: dict, c: Collected) -> None:
+        if body.logprobs:
+            for i, choice in enumerate(response["choices"]):
+                choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
+        if body.prompt_logprobs is not None:  # vLLM: on the response, the prompt is shared
+            response["prompt_logprobs"] = logprobs_format.prompt_logprobs(
+                c.prompt_logprobs[0] or [None])
+
+    return add_logprobs
 
 
 async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,

@@ -40,8 +40,9 @@ def _asked(body) -> list[tuple[str, StructuredOutputs | None]]:
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise InvalidRequestError("response_format.json_schema.schema is required when "
                                           "response_format.type is 'json_schema'.")
-            asked.append(("response_format.json_schema.schema", StructuredOutputs(
-                "json", _schema_text(rf.json_schema.schema_, "response_format.json_schema.schema"))))
+            where = "response_format.json_schema.schema"
+            asked.append((where, StructuredOutputs(
+                "json", _schema_text(rf.json_schema.schema_, where))))
         else:
             raise InvalidRequestError(f"response_format.type {rf.type!r} is not supported; use "
                                       "'text', 'json_object' or 'json_schema'.")

@@ -87,7 +87,8 @@ def plan_tools(body, settings: ToolSettings) -> ToolPlan | None:
     if choice is None:
         choice = "auto"
     if isinstance(choice, dict):
-        fn = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        fn = ((choice.get("function") or {}).get("name")
+              if choice.get("type") == "function" else None)
         if not isinstance(fn, str):
             raise InvalidRequestError('tool_choice must be "none", "auto", "required" or '
                                       '{"type": "function", "function": {"name": ...}}.')

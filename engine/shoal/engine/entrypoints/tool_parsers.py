@@ -4,8 +4,9 @@ Three shapes, one per ToolPlan mode:
 - "named": the whole text is the arguments of the named function;
 - "required": the compact JSON array `[{"name":"f","parameters":{...}},...]` that the grammar
   enforces (no free whitespace: spec.py), read incrementally, so arguments stream as fragments;
-- "auto" with the hermes parser: text, then `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-  blocks (vLLM's `--tool-call-parser hermes`). A block streams once it is closed: its first delta
+- "auto" with the hermes parser: text, then
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (vLLM's
+  `--tool-call-parser hermes`). A block streams once it is closed: its first delta
   carries the id and name, the next one its arguments.
 
 `ToolCallStream.feed(text_so_far)` returns the chat deltas to send, in OpenAI's shapes: the first

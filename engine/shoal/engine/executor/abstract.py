@@ -27,7 +27,8 @@ class Executor(ABC):
         """Start the workers: device, model loaded, ready for KV sizing."""
 
     @abstractmethod
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+    def collective_rpc(self, method: str, args: tuple = (),
+                       kwargs: dict | None = None) -> list[Any]:
         """Call `method` on every worker; return the results in rank order."""
 
     def determine_num_kv_blocks(self) -> int:

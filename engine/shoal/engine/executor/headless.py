@@ -23,6 +23,7 @@ import time
 
 from shoal.contract.termination import Cause, write_termination_message
 from shoal.engine.config import EngineConfig
+from shoal.engine.core.engine_core_proc.death import NODE_LOST, death_cause
 from shoal.engine.executor import procs
 from shoal.engine.executor.broadcast import BroadcastHandle
 from shoal.engine.executor.group_link import GroupLinkClient
@@ -112,7 +113,7 @@ class HeadlessNode:
                     return self._worker_exited(link, rank)
                 silent = link.silent_for()
                 if silent > LINK_TIMEOUT_S:
-                    return self._fail(Cause.PEER_LOST,
+                    return self._fail(death_cause(serving=True, exc_type=NODE_LOST),
                                       f"node 0 at {link.address} is lost: no heartbeat for "
                                       f"{silent:.1f} s (killed, or unreachable); this node "
                                       f"stops its ranks {self.ranks}", rank=0)
@@ -140,7 +141,8 @@ class HeadlessNode:
             exit_code=proc.returncode)
         link.send(NodeFailed(failure))
         procs.stop_processes(list(self.workers.values()), 0)
-        return self._fail(Cause.ENGINE_ERROR, failure.describe(), rank=rank)
+        return self._fail(death_cause(serving=True, exc_type=failure.exc_type),
+                          failure.describe(), rank=rank)
 
     def _fail(self, cause: Cause, message: str, rank: int | None = None,
               exit_code: int = 1) -> int:

@@ -1,4 +1,5 @@
-"""Everything that crosses the EngineCore <-> worker boundary, and the node 0 <-> headless node link.
+"""Everything that crosses the EngineCore <-> worker boundary, and the node 0 <-> headless
+node link.
 
 Same ABI rules as `shoal.engine.wire` (positional msgpack arrays, fields only appended, with a
 default and a comment; no pickle). What travels where:

@@ -34,13 +34,15 @@ class CachedRequestState:
         return banned
 
 
-def build_sampling_metadata(states: list[CachedRequestState], vocab: int, device) -> SamplingMetadata:
+def build_sampling_metadata(states: list[CachedRequestState], vocab: int,
+                            device) -> SamplingMetadata:
     """Vectorise the sampling parameters of the rows being sampled this step."""
     params = [s.params for s in states]
     greedy_list = [p.temperature == 0.0 for p in params]
     all_greedy = all(greedy_list)
     f32 = dict(dtype=torch.float32, device=device)
-    temperature = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy_list, params, strict=True)], **f32)
+    temperature = torch.tensor([1.0 if g else p.temperature
+                                for g, p in zip(greedy_list, params, strict=True)], **f32)
     top_k = top_p = min_p = None
     if not all_greedy:
         if any(p.top_k > 0 for p in params):

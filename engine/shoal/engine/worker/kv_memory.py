@@ -1,4 +1,5 @@
-"""CPU memory for the KV cache: zero pages from the OS, on huge pages, committed off the start-up path.
+"""CPU memory for the KV cache: zero pages from the OS, on huge pages, committed off the
+start-up path.
 
 Why not `torch.zeros`: a decode step reads each request's K/V blocks from all over a cache of
 gigabytes, so the cache is advised onto transparent huge pages (with 4 KiB pages nearly every

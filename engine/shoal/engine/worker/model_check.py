@@ -106,8 +106,8 @@ def probe_model(model, text_cfg, device: torch.device, name: str) -> AttentionLa
             model(input_ids=ids, position_ids=torch.arange(PROBE_TOKENS, device=device)[None],
                   logits_to_keep=1, shoal_attn=probe, use_cache=False)
     except UnsupportedAttention as exc:
-        raise UnsupportedModelError(f"{name}: {exc}; refusing to serve it rather than answer wrongly") \
-            from None
+        raise UnsupportedModelError(
+            f"{name}: {exc}; refusing to serve it rather than answer wrongly") from None
     return _layout(probe.calls, text_cfg, name)
 
 

@@ -85,9 +85,10 @@ class ModelRunner:
                              f"(model_type {hf_config.model_type!r}): transformers has no causal "
                              "LM class for it.") from None
         if not getattr(model_cls, "_supports_attention_backend", False):
-            raise UnsupportedModelError(f"unsupported architecture {model_cls.__name__}: its transformers "
-                             "implementation does not route attention through AttentionInterface, "
-                             "so shoal cannot plug in its paged KV cache.")
+            raise UnsupportedModelError(
+                f"unsupported architecture {model_cls.__name__}: its transformers "
+                "implementation does not route attention through AttentionInterface, "
+                "so shoal cannot plug in its paged KV cache.")
         name = f"{self.config.model} ({model_cls.__name__})"
         text_cfg = hf_config.get_text_config()
         model_check.check_config(text_cfg, name)  # before any weight is loaded

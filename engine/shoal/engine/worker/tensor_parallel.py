@@ -49,9 +49,10 @@ def check_shardable(text_cfg, world_size: int, model_name: str) -> None:
         raise UnsupportedModelError(f"tensor_parallel_size {world_size} does not divide the "
                          f"{heads} attention heads of {model_name}; choose a divisor of {heads}.")
     if kv_heads % world_size and world_size % kv_heads:
-        raise UnsupportedModelError(f"tensor_parallel_size {world_size} and the {kv_heads} KV heads of "
-                         f"{model_name} do not divide one another (KV heads are split when T "
-                         "divides them and replicated when they divide T).")
+        raise UnsupportedModelError(
+            f"tensor_parallel_size {world_size} and the {kv_heads} KV heads of "
+            f"{model_name} do not divide one another (KV heads are split when T "
+            "divides them and replicated when they divide T).")
     inter = getattr(text_cfg, "intermediate_size", None)
     if isinstance(inter, int) and inter % world_size:
         raise UnsupportedModelError(f"tensor_parallel_size {world_size} does not divide the MLP "

@@ -7,6 +7,14 @@ that decided one, the cause it stated. `death_cause` takes either and decides on
 engine process, each worker rank (executor/worker_proc.py) and the frontend, which writes the
 termination message too (its copy wins in a pod, and the two must agree). Nothing here reads an
 error's text. Torch- and zmq-free: the frontend and the workers import it.
+
+A headless node's supervisor (executor/headless.py) takes its deaths from here too: a worker's
+exit and node 0's silence (NODE_LOST) are reports like any other. Three of its exits are not
+deaths of a process at all, and it names them itself: the join never completed (a timeout is
+`rank_join_timeout`, node 0 refusing the node is `startup_error`), and node 0 ordering the
+group down after a failure elsewhere (`peer_lost`: this node is the consequence, and the root
+cause is node 0's own report). Folding those into `death_cause` would need a fake exception
+per situation and would say nothing the call site does not already say.
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""`shoal serve`'s command line: vLLM's flag names, one function per flag group.
+
+A bad flag leaves the termination message (`_Parser.error`) before argparse's exit 2, so the
+operator sees it as a config error and does not restart the pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from shoal.engine.config import PERFORMANCE_MODES
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '512M', '2GiB', '1.5G' -> bytes (K/M/G/T are powers of 1024, like vLLM)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2147483648, 512M, 2G)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    return int(value * 1024 ** " kmgt".index(unit or " "))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that also leaves the termination message: a bad flag is a config error the
+    operator must see (and not restart), not an exit 2 with nothing said."""
+
+    def error(self, message: str):
+        from shoal.contract.termination import Cause, write_termination_message
+
+        write_termination_message(Cause.CONFIG_ERROR, f"{self.prog}: error: {message}",
+                                  exit_code=2)
+        super().error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="shoal serve",
+        description="Serve a local Hugging Face causal LM over an OpenAI-compatible HTTP API "
+                    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
+                    "/version, /tokenize, /detokenize). Flag names follow `vllm serve`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", help="local model directory (config.json, safetensors, tokenizer); "
+                                 "`shoal make-model DIR` writes one")
+    _http_flags(p.add_argument_group("HTTP"))
+    eng = p.add_argument_group("engine")
+    _batch_flags(eng)
+    _model_flags(eng)
+    _kv_flags(eng)
+    _parallel_flags(p.add_argument_group(
+        "parallelism (docs/serving.md, \"More than one rank\")"))
+    p.add_argument("--engine-host", default=None,
+                   help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
+    _tool_flags(p.add_argument_group(
+        "tool calling (docs/serving.md, \"Structured output and tools\")"))
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _http_flags(net) -> None:
+    net.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    net.add_argument("--port", type=int, default=8000, help="port to listen on")
+    net.add_argument("--served-model-name", nargs="+", default=None,
+                     help="model name(s) clients send as `model`; the first is reported in "
+                          "responses (default: the model path)")
+    net.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+
+
+def _batch_flags(eng) -> None:
+    eng.add_argument("--max-model-len", type=int, default=None,
+                     help="context length (prompt + output); default: the model's own")
+    eng.add_argument("--max-num-seqs", type=int, default=None,
+                     help="most requests running in one batch (default, vLLM's: 128 per rank on "
+                          "the CPU, 256 on a GPU)")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="token budget of one engine step, long prompts are chunked (default, "
+                          "vLLM's: 2048 per rank on the CPU, 2048 on a GPU)")
+    eng.add_argument("--performance-mode", choices=PERFORMANCE_MODES, default="balanced",
+                     help="throughput: twice the default seats and token budget, for "
+                          "aggregate tokens/s over per-request latency (vLLM's flag)")
+    eng.add_argument("--shutdown-timeout", type=float, default=0.0,
+                     help="on SIGTERM: 0 = abort in-flight requests (they finish with reason "
+                          "'abort'); N > 0 = drain: refuse new requests (503) and finish running "
+                          "ones for up to N seconds, then abort the rest")
+
+
+def _model_flags(eng) -> None:
+    eng.add_argument("--dtype", default="auto",
+                     choices=["auto", "float32", "bfloat16", "float16"],
+                     help="weight/activation/KV dtype; auto = the model's own, but float32 "
+                          "checkpoints run in bfloat16 on CUDA and on CPUs with native bf16 "
+                          "(as vLLM)")
+    eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    eng.add_argument("--seed", type=int, default=0,
+                     help="seed of the engine's generator for unseeded sampled requests")
+    eng.add_argument("--num-threads", type=int, default=None,
+                     help="torch threads of each engine rank (default: the CPUs this process "
+                          "may use (affinity, cgroup CPU limit) split over this node's ranks)")
+    eng.add_argument("--max-logprobs", type=int, default=20,
+                     help="most logprobs (alternatives per token) a request's logprobs, "
+                          "top_logprobs or prompt_logprobs may ask for")
+
+
+def _kv_flags(eng) -> None:
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                     default=True, help="reuse KV blocks of shared prompt prefixes")
+    eng.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
+                     help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB, "
+                          "else 1 GiB)")
+    eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                     help="use exactly this many KV blocks instead of sizing from the budget")
+
+
+def _parallel_flags(par) -> None:
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                     help="ranks per model replica; every layer is split over them")
+    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                     help="pipeline stages (only 1 is implemented)")
+    par.add_argument("--nnodes", type=int, default=1,
+                     help="nodes the ranks are spread over (tensor-parallel-size / nnodes each)")
+    par.add_argument("--node-rank", type=int, default=0,
+                     help="this node's rank in the group; nodes other than 0 run --headless")
+    par.add_argument("--master-addr", default="127.0.0.1",
+                     help="node 0's address: torch.distributed, step broadcast, group link")
+    par.add_argument("--master-port", type=int, default=29500,
+                     help="node 0's torch.distributed port (multi-node; the group link uses "
+                          "port + 1)")
+    par.add_argument("--headless", action="store_true",
+                     help="run this node's workers only (no API server, no scheduler); needs "
+                          "--nnodes > 1 and --node-rank > 0")
+
+
+def _tool_flags(tools) -> None:
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='allow tool_choice "auto" (the default with tools): the model calls '
+                            "tools in its own words, read by --tool-call-parser")
+    tools.add_argument("--tool-call-parser", choices=["hermes"], default=None,
+                       help="how tool calls are found in free text under tool_choice \"auto\": "
+                            "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
