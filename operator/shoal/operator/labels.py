@@ -28,8 +28,6 @@ from shoal.contract.labels import (  # noqa: F401
 
 # Annotations (not selectable).
 ANNOTATION_SPEC_HASH = "shoal.dev/spec-hash"  # hash of the rendered object: changed => rewrite
-ANNOTATION_DRAIN_STARTED = "shoal.dev/drain-started"  # when rank 0 was asked to drain
-ANNOTATION_STOP_REQUESTED = "shoal.dev/stop-requested"  # the operator asked this pod to stop
 
 DEFAULT_MASTER_PORT = 29500  # = spec.DEFAULTS["masterPort"] (the engines' default too)
 
