@@ -10,6 +10,7 @@ Modules:
 - `discovery`: the ready-groups document the operator writes and the routers read.
 - `routing`: routing policy names and the environment that selects them.
 - `termination`: the termination message a dying engine writes and the operator reads.
+- `env`: the environment the operator sets in engine pods for the engine to read.
 
 Components import each other only through this package (enforced by import-linter,
 `[tool.importlinter]` in pyproject.toml).

@@ -27,6 +27,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from shoal.contract import env
+
 # Kubernetes truncates the termination message to 4096 bytes (and to 12 KiB over all containers).
 MAX_MESSAGE_BYTES = 4096
 DEFAULT_PATH = "/dev/termination-log"
@@ -141,7 +143,7 @@ def write_termination_message(
     path, and a missing or read-only file must not mask the original error.
 
     The path is `$SHOAL_TERMINATION_LOG`, else /dev/termination-log if it exists (in a pod)."""
-    path = path or os.environ.get("SHOAL_TERMINATION_LOG") or DEFAULT_PATH
+    path = path or os.environ.get(env.TERMINATION_LOG) or DEFAULT_PATH
     if path == DEFAULT_PATH and not os.path.exists(path):
         return False
     text = encode(cause, message, rank=rank, exit_code=exit_code, pid=os.getpid(), time=_now())
