@@ -179,6 +179,25 @@ def test_config_reads_kv_space_from_env(tiny_model, monkeypatch):
         EngineConfig(model=tiny_model)
 
 
+@pytest.mark.parametrize("env, device, gib", [
+    ({"VLLM_CPU_KVCACHE_SPACE": "2"}, "cpu", 2.0),  # a vLLM CPU manifest's budget
+    ({"VLLM_CPU_KVCACHE_SPACE": "2", "SHOAL_KV_CACHE_SPACE": "0.5"}, "cpu", 0.5),  # ours first
+    ({"VLLM_CPU_KVCACHE_SPACE": "0"}, "cpu", 1.0),  # vLLM's 0: not set
+    ({"VLLM_CPU_KVCACHE_SPACE": ""}, "cpu", 1.0),
+    ({"VLLM_CPU_KVCACHE_SPACE": "2"}, "cuda", 1.0),  # a CPU variable: not read for CUDA
+])
+def test_config_reads_vllms_cpu_kv_space_when_no_flag_is_given(tiny_model, monkeypatch, env,
+                                                                 device, gib):
+    for name in ("SHOAL_KV_CACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = EngineConfig(model=tiny_model, device=device)
+    assert config.kv_cache_memory_bytes == int(gib * (1 << 30))
+    assert EngineConfig(model=tiny_model, device=device,
+                        kv_cache_memory_bytes=1 << 20).kv_cache_memory_bytes == 1 << 20
+
+
 def test_unknown_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         EngineConfig(model=str(tmp_path / "nope"))

@@ -18,8 +18,10 @@ from pathlib import Path
 from shoal.engine.errors import ConfigError, ModelNotFoundError
 
 GiB = 1 << 30
-# vLLM's VLLM_CPU_KVCACHE_SPACE counterpart: the KV cache budget in GiB when no flag is given.
+# The KV cache budget in GiB when no flag is given: Shoal's own, then vLLM's CPU variable (read
+# on the CPU only, as vLLM does), so a vLLM manifest that sizes the cache by env var is honoured.
 KV_CACHE_SPACE_ENV = "SHOAL_KV_CACHE_SPACE"
+VLLM_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -137,7 +139,8 @@ class EngineConfig:
                       "max_model_len explicitly.")
             object.__setattr__(self, "max_model_len", model_len)
         if self.kv_cache_memory_bytes is None:
-            object.__setattr__(self, "kv_cache_memory_bytes", _kv_bytes_from_env())
+            object.__setattr__(self, "kv_cache_memory_bytes",
+                               _kv_bytes_from_env(on_cpu=not self.device.startswith("cuda")))
         self._validate()
 
     def _validate(self) -> None:
@@ -204,14 +207,19 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _kv_bytes_from_env() -> int:
-    raw = os.environ.get(KV_CACHE_SPACE_ENV)
-    if raw is None or raw.strip() == "":
-        return int(DEFAULT_CPU_KV_CACHE_GIB * GiB)
-    try:
-        gib = float(raw)
-    except ValueError:
-        raise ConfigError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}.") from None
-    if gib <= 0:
-        _fail(f"{KV_CACHE_SPACE_ENV} must be positive (GiB), got {raw!r}.")
-    return int(gib * GiB)
+def _kv_bytes_from_env(on_cpu: bool = True) -> int:
+    """The first of $SHOAL_KV_CACHE_SPACE and (on the CPU) $VLLM_CPU_KVCACHE_SPACE that is set,
+    in GiB; else the default. vLLM's 0 means "not set" there, so it does here."""
+    names = (KV_CACHE_SPACE_ENV, VLLM_KV_CACHE_SPACE_ENV) if on_cpu else (KV_CACHE_SPACE_ENV,)
+    for name in names:
+        raw = os.environ.get(name, "").strip()
+        if raw == "" or (name == VLLM_KV_CACHE_SPACE_ENV and raw == "0"):
+            continue
+        try:
+            gib = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number of GiB, got {raw!r}.") from None
+        if gib <= 0:
+            _fail(f"{name} must be positive (GiB), got {raw!r}.")
+        return int(gib * GiB)
+    return int(DEFAULT_CPU_KV_CACHE_GIB * GiB)
