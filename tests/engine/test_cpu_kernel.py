@@ -138,6 +138,7 @@ def test_fits_names_the_limit_a_model_is_outside_of():
     assert "do not divide" in cpu_kernel.fits(64, 16, 6, 4)
 
 
+@pytest.mark.process  # runs the C compiler
 def test_build_is_cached_by_source_flags_and_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE", str(tmp_path))
     first = cpu_kernel.build()
@@ -146,6 +147,7 @@ def test_build_is_cached_by_source_flags_and_cpu(tmp_path, monkeypatch):
     assert cpu_kernel.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
 
 
+@pytest.mark.process  # runs the C compiler
 def test_a_changed_header_rebuilds_the_library(tmp_path, monkeypatch):
     import shutil as sh
 
@@ -185,6 +187,7 @@ def test_the_kernel_can_be_switched_off(monkeypatch):
     assert kernel is None and cpu_kernel.DISABLE_ENV in why
 
 
+@pytest.mark.process  # runs the C compiler
 def test_the_c_sources_compile_without_a_warning_at_the_shipped_flags(tmp_path):
     """c_build keeps a successful compiler's stderr to itself: a warning (a flag GCC drops, a
     vector extension it splits) would otherwise go unseen."""

@@ -23,6 +23,7 @@ def _read_all(handle, reader: int, count: int, out) -> None:
     ring.close()
 
 
+@pytest.mark.process  # a child process
 def test_every_reader_of_the_ring_gets_every_message_in_order_even_past_a_slot():
     writer = ShmRingWriter(num_readers=2, slots=4, chunk_bytes=64)
     messages = [bytes([i]) * n for i, n in enumerate([1, 0, 64, 65, 300, 7] * 4)]

@@ -183,6 +183,7 @@ def test_out_of_range_counts_are_refused_naming_the_field(engine, field, value, 
         engine.add_request(request("bad", [1, 2], **{field: value}))
 
 
+@pytest.mark.process  # a child process
 def test_a_tensor_parallel_group_reports_the_same_logprobs(make_engine, tiny_model, hf_model):
     # Rank 0 alone computes logprobs; its ModelRunnerOutput crosses the worker reply socket.
     core = make_engine(tiny_model, dtype="float32", max_num_batched_tokens=16,

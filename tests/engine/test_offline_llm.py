@@ -20,6 +20,7 @@ def llm(make_llm, tiny_model):
     return make_llm(tiny_model, max_model_len=256, dtype="float32")  # exact logprob checks
 
 
+@pytest.mark.process  # a child process
 def test_vllm_basic_example_runs_and_prints_each_prompt_and_output(tiny_model):
     env = {**os.environ, "SHOAL_KV_CACHE_SPACE": "0.0625", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(EXAMPLE), tiny_model], capture_output=True,

@@ -32,6 +32,8 @@ from shoal.engine.worker.tensor_parallel import DistributedRMSNorm
 from shoal.engine.worker.worker import Worker
 from support.net import free_ports
 
+pytestmark = pytest.mark.process
+
 # Absolute, plus a relative part for the 12-layer model whose logits reach ~35: the sharded
 # sums only reorder float32 additions (measured: 1e-5 on tiny, 7e-5 on small), while a wrong
 # head, slice or doubled bias moves logits by 1e-2 and more.

@@ -20,6 +20,8 @@ from shoal.engine.errors import EngineDeadError, EngineStartupError
 from support.servers import MODEL_NAME
 from support.wait import wait_for
 
+pytestmark = pytest.mark.process
+
 HERE = Path(__file__).parent
 
 

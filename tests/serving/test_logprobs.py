@@ -10,6 +10,8 @@ import pytest
 import torch
 from support.servers import API_KEY, MODEL_NAME, healthy_server
 
+pytestmark = pytest.mark.process
+
 TOL = 1e-3
 PROMPT = "def parse(text):\n    return"
 

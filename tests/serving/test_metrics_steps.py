@@ -11,6 +11,8 @@ import pytest
 from support.servers import MODEL_NAME, ServeProcess
 from support.wait import wait_for
 
+pytestmark = pytest.mark.process
+
 LONG = 1000  # tokens: seconds of decoding on this machine, so the read lands mid-stream
 
 

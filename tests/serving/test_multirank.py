@@ -29,6 +29,8 @@ from multirank_helpers import (
 from support.models import ensure_model
 from support.servers import ServeProcess
 
+pytestmark = pytest.mark.process
+
 F32 = ("--dtype", "float32")
 NUM_STREAMS = 16
 

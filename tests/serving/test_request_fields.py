@@ -15,6 +15,8 @@ from shoal.engine.entrypoints.api_server import build_app
 from support.servers import MODEL_NAME, ServeProcess
 from test_openapi_health import EngineStandIn
 
+pytestmark = pytest.mark.process
+
 CHAT = [{"role": "user", "content": "hi"}]
 NO_OPS = {"user": "someone", "logit_bias": {}, "store": False, "metadata": {"team": "a"},
           "service_tier": "auto", "parallel_tool_calls": True}

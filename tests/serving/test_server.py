@@ -17,6 +17,8 @@ import pytest
 from support.servers import API_KEY, MODEL_NAME, healthy_server
 from support.wait import wait_for
 
+pytestmark = pytest.mark.process
+
 IGNORE_EOS = {"ignore_eos": True}
 PROMPTS = ["def main(", "import os\nimport sys\n", "class Parser:\n    def"]
 

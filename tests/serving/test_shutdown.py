@@ -7,8 +7,11 @@ import json
 import signal
 
 import httpx
+import pytest
 from support.servers import MODEL_NAME
 from support.wait import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def _stream(server, max_tokens: int):

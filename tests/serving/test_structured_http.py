@@ -17,6 +17,8 @@ from shoal.engine.entrypoints.tool_parsers import ToolCallStream, parse_hermes, 
 from shoal.engine.errors import InvalidRequestError
 from support.servers import MODEL_NAME, healthy_server
 
+pytestmark = pytest.mark.process
+
 MESSAGES = [{"role": "user", "content": "What is the weather?"}]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
                                             "unit": {"enum": ["c", "f"]}},

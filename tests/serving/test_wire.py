@@ -200,6 +200,7 @@ def test_objects_without_a_wire_form_are_refused_not_pickled():
         MsgpackEncoder().encode(np.array([object()], dtype=object))
 
 
+@pytest.mark.process  # a child process
 def test_wire_and_codec_import_without_torch():
     import subprocess
     import sys
