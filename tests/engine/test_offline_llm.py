@@ -4,6 +4,7 @@ fans out as the server does, and vLLM arguments the engine does not implement ar
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +70,45 @@ def test_stop_strings_cut_the_text_as_the_server_does(llm):
                                                    ignore_eos=True))[0].outputs[0]
     assert cut.text == free.text[:free.text.index(stop)]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
+
+
+def test_a_stop_string_given_alone_stops_at_the_string(llm):
+    """vLLM's `SamplingParams(stop="Question:")`: the string, not each of its characters."""
+    free = llm.generate("def main(", SamplingParams(temperature=0, max_tokens=12,
+                                                    ignore_eos=True))[0].outputs[0]
+    # A string one of whose characters comes earlier: iterated, it would cut there.
+    stop = next(free.text[k:k + 3] for k in range(1, len(free.text) - 3)
+                if any(c in free.text[:free.text.index(free.text[k:k + 3])]
+                       for c in free.text[k:k + 3]))
+    cut = llm.generate("def main(", SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                   stop_token_ids=None,
+                                                   ignore_eos=True))[0].outputs[0]
+    assert cut.text == free.text[:free.text.index(stop)] and cut.stop_reason == stop
+
+
+def _with_generation_config(model: str, tmp_path, config: dict) -> str:
+    """The model's files, linked, beside a generation_config.json of our own."""
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for f in Path(model).iterdir():
+        if f.name != "generation_config.json":
+            (copy / f.name).symlink_to(f)
+    (copy / "generation_config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
+def test_the_models_generation_config_is_the_default_of_a_call_without_params(
+        make_llm, tiny_model, tmp_path):
+    model = _with_generation_config(tiny_model, tmp_path, {"eos_token_id": [1, 4],
+                                                           "temperature": 0.0,
+                                                           "max_new_tokens": 5})
+    llm = make_llm(model, max_model_len=256, dtype="float32")
+    assert llm.get_default_sampling_params() == SamplingParams(temperature=0.0, max_tokens=5)
+    out = llm.generate("def main(")[0].outputs[0]  # vLLM's: the model's defaults
+    greedy = llm.generate("def main(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0]
+    assert out.token_ids == greedy.token_ids and len(out.token_ids) <= 5
+    plain = make_llm(model, max_model_len=256, dtype="float32", generation_config="vllm")
+    assert plain.get_default_sampling_params() == SamplingParams()
 
 
 def test_chat_renders_the_template_and_generates(llm):

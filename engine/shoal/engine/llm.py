@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass, field
 
 import msgspec
@@ -23,6 +24,7 @@ from shoal.engine.config import EngineConfig
 # captures CUDA graphs (always eager) and runs no remote code.
 NO_OP_ARGS = {"enforce_eager": (True, False), "trust_remote_code": (False,)}
 _DERIVED = {"architectures", "model_max_len"}  # EngineConfig fields set from config.json
+logger = logging.getLogger("shoal.engine.llm")
 
 
 @dataclass
@@ -90,13 +92,21 @@ def _engine_args(kwargs: dict) -> dict:
 
 
 class LLM:
-    def __init__(self, model: str, *, tokenizer: str | None = None, **kwargs) -> None:
+    def __init__(self, model: str, *, tokenizer: str | None = None,
+                 generation_config: str = "auto", **kwargs) -> None:
+        """`generation_config`: vLLM's: "auto" takes the model's generation_config.json
+        sampling values as the defaults of a call without SamplingParams
+        (`get_default_sampling_params`), "vllm" ignores them, a directory reads its file."""
         from shoal.engine.core_client.inproc import InprocClient
         from shoal.engine.frontend.async_llm import _extra_eos_ids
         from shoal.engine.frontend.input_processor import InputProcessor
+        from shoal.engine.generation_config import describe, sampling_defaults
         from shoal.engine.tokenizer import load_tokenizer
 
         self.config = EngineConfig(model=model, **_engine_args(kwargs))
+        self.default_sampling_params = sampling_defaults(model, generation_config)
+        if self.default_sampling_params:
+            logger.info("%s", describe(self.default_sampling_params, generation_config))
         self.tokenizer = load_tokenizer(tokenizer or model)
         self.client = InprocClient(self.config)
         core = self.client.engine_core
@@ -115,6 +125,11 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def get_default_sampling_params(self) -> wire.SamplingParams:
+        """What a call without SamplingParams samples with: the model's generation_config
+        values over vLLM's defaults (vLLM's LLM.get_default_sampling_params)."""
+        return wire.SamplingParams(**self.default_sampling_params)
 
     def _prompt(self, prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a string, a token-id list, or vLLM's {"prompt": ...} /
@@ -158,7 +173,7 @@ class LLM:
         if not prompts:
             return []
         if sampling_params is None:
-            sampling_params = wire.SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = (sampling_params if isinstance(sampling_params, list)
                   else [sampling_params] * len(prompts))
         if len(params) != len(prompts):

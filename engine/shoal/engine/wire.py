@@ -102,6 +102,16 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # after the first (N = this value, 0 = the prompt token alone); None = not asked.
     prompt_logprobs: int | None = None
 
+    def __post_init__(self) -> None:
+        """vLLM's offline forms: one stop string (`stop="Question:"` is that string, not its
+        characters) and None for either stop list."""
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+
     def verify(self) -> None:
         """Raise ValueError with a message saying what to change."""
         if self.n < 1:
