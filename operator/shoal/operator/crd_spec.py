@@ -5,8 +5,12 @@ defined). Enums come from the str enums the operator reads the fields as."""
 from __future__ import annotations
 
 from shoal.contract.routing import ROUTINGS
+from shoal.operator import labels as L
+from shoal.operator.crd_template import template_schema
+from shoal.operator.model_source import MODEL_PATTERN, NOT_YET, PVC_MOUNT_DIR
 from shoal.operator.openapi import obj, opaque, typed, values
 from shoal.operator.spec import DEFAULTS, RestartPolicyType, Runtime
+from shoal.operator.template import FRONTEND_OWNED_POD
 
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -119,6 +123,7 @@ def _frontend() -> dict:
                              f"`{DEFAULTS['frontend.routing']}`.",
                              enum=list(ROUTINGS), default=DEFAULTS["frontend.routing"]),
             "resources": _resources("frontend"),
+            "template": template_schema("frontend", L.FRONTEND_CONTAINER, FRONTEND_OWNED_POD),
         },
         default={},
     )
@@ -145,6 +150,7 @@ def _engine() -> dict:
                 10,
                 86400,
             ),
+            "template": template_schema("engine", L.ENGINE_CONTAINER, {}),
         },
         default={},
     )
@@ -219,10 +225,15 @@ def _restart_policy() -> dict:
 
 def spec_schema() -> dict:
     fields = {
-        "model": typed("string", "model is the path of the model directory inside the engine "
-                       "container (usually under `modelVolume.mountPath`) or a model name the "
-                       "image can resolve. Required. Example: `/models/llama-3-8b`.",
-                       minLength=1),
+        "model": typed("string", "model is the model to serve: a directory inside the engine "
+                       "container (usually under `modelVolume.mountPath`), a model name the "
+                       "image can resolve, or `pvc://CLAIM/PATH`: the PersistentVolumeClaim "
+                       f"CLAIM mounted read-only at `{PVC_MOUNT_DIR}` in every engine pod and "
+                       f"the engine started on `{PVC_MOUNT_DIR}/PATH` (no `modelVolume` then). "
+                       "Any other `scheme://` is refused at apply: "
+                       f"{', '.join(f'`{s}://`' for s in NOT_YET)} are not implemented yet. "
+                       "Required. Example: `pvc://llm-weights/Qwen2.5-7B-Instruct`.",
+                       minLength=1, pattern=MODEL_PATTERN),
         "servedModelName": typed("string", "servedModelName is the name clients put in the "
                                  "OpenAI `model` field. Example: `llama-3-8b`. Default: the "
                                  "value of `model`."),

@@ -20,6 +20,7 @@ from __future__ import annotations
 from shoal.contract import discovery
 from shoal.contract.routing import ROUTING_ENV
 from shoal.operator import labels as L
+from shoal.operator import template
 from shoal.operator.render_common import (
     SHUTDOWN_MARGIN_SECONDS,
     common_labels,
@@ -35,6 +36,8 @@ from shoal.operator.render_engine import (
     engine_env,
     engine_pod,
     group_pods,
+    model_volume,
+    operator_pod,
     rank0_probes,
     ranks_service,
 )
@@ -43,10 +46,10 @@ from shoal.operator.spec import EngineRef, EngineSpec
 __all__ = [
     "SHUTDOWN_MARGIN_SECONDS", "common_labels", "discovery_configmap", "discovery_data",
     "engine_args", "engine_command", "engine_env", "engine_pod", "engine_selector",
-    "frontend_args", "frontend_deployment", "frontend_role", "frontend_role_binding",
-    "frontend_service", "frontend_service_account", "grace_seconds", "group_pods",
-    "pod_disruption_budget", "rank0_probes", "ranks_service", "render_children",
-    "selector_string",
+    "frontend_args", "frontend_deployment", "frontend_operator_template", "frontend_role",
+    "frontend_role_binding", "frontend_service", "frontend_service_account", "grace_seconds",
+    "group_pods", "model_volume", "operator_pod", "pod_disruption_budget", "rank0_probes",
+    "ranks_service", "render_children", "selector_string",
 ]
 
 # ---- frontend -------------------------------------------------------------------------------
@@ -55,7 +58,7 @@ __all__ = [
 def frontend_args(spec: EngineSpec) -> list[str]:
     """`shoal router`: no EngineCore, it routes to the groups listed in the discovery file and
     follows that file as the operator rewrites it."""
-    return ["router", "--model", spec.model, "--served-model-name", spec.served_model_name,
+    return ["router", "--model", spec.source.arg, "--served-model-name", spec.served_model_name,
             "--host", "0.0.0.0", "--port", str(L.HTTP_PORT),
             "--engine-discovery-file", f"{discovery.MOUNT_DIR}/{discovery.KEY}"]
 
@@ -91,10 +94,25 @@ def _frontend_container(ref: EngineRef, spec: EngineSpec) -> dict:
     return container
 
 
+def frontend_operator_template(ref: EngineRef, spec: EngineSpec) -> dict:
+    """The frontends' pod template before spec.frontend.template: validation checks a template
+    against it."""
+    volume = {"name": "discovery", "configMap": {"name": discovery.configmap_name(ref.name)}}
+    return {
+        "metadata": {"labels": common_labels(ref.name, L.COMPONENT_FRONTEND)},
+        "spec": {
+            "serviceAccountName": L.frontend_name(ref.name),
+            "containers": [_frontend_container(ref, spec)],
+            "volumes": [volume],
+            "terminationGracePeriodSeconds": grace_seconds(spec),
+        },
+    }
+
+
 def frontend_deployment(ref: EngineRef, spec: EngineSpec) -> dict:
     pod_labels = common_labels(ref.name, L.COMPONENT_FRONTEND)
     rolling = {"maxUnavailable": 0, "maxSurge": 1}
-    volume = {"name": "discovery", "configMap": {"name": discovery.configmap_name(ref.name)}}
+    pod = template.merge(frontend_operator_template(ref, spec), spec.frontend_template)
     dep = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -103,15 +121,7 @@ def frontend_deployment(ref: EngineRef, spec: EngineSpec) -> dict:
             "replicas": spec.frontend_replicas,
             "selector": {"matchLabels": pod_labels},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "serviceAccountName": L.frontend_name(ref.name),
-                    "containers": [_frontend_container(ref, spec)],
-                    "volumes": [volume],
-                    "terminationGracePeriodSeconds": grace_seconds(spec),
-                },
-            },
+            "template": pod,
         },
     }
     return with_hash(dep, dep["spec"])

@@ -1,6 +1,7 @@
 """Engine groups rendered: the headless Service that names every rank, and one pod per rank
 (`NAME-gG-rR`, owned directly by the InferenceEngine, no StatefulSet) with its command line,
-environment and probes. Pure, like render.py."""
+environment and probes, the model's volume (spec.modelVolume or a pvc:// claim), and the user's
+`spec.engine.template` merged over it (template.py). Pure, like render.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 from shoal.contract import env as engine_env_names
 from shoal.contract.termination import DEFAULT_PATH as TERMINATION_MESSAGE_PATH
 from shoal.operator import labels as L
-from shoal.operator import vllm_version
+from shoal.operator import template, vllm_version
+from shoal.operator.model_source import PVC_MOUNT_DIR
 from shoal.operator.render_common import engine_selector, grace_seconds, metadata, with_hash
 from shoal.operator.spec import EngineRef, EngineSpec, Runtime
 
@@ -50,7 +52,7 @@ def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list
     0.18 gets no `--shutdown-timeout` (it aborts in-flight requests on SIGTERM; see
     docs/vllm-runtime.md)."""
     nodes = spec.nodes_per_group
-    args = ["serve", spec.model, "--served-model-name", spec.served_model_name,
+    args = ["serve", spec.source.arg, "--served-model-name", spec.served_model_name,
             "--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if vllm_version.accepts(spec, "--shutdown-timeout"):
         args += ["--shutdown-timeout", str(spec.shutdown_timeout_seconds)]
@@ -113,10 +115,21 @@ def _engine_container(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -
         container.update(rank0_probes(spec))  # headless ranks: no HTTP server, so no probes
     if spec.engine_resources:
         container["resources"] = spec.engine_resources
-    if spec.model_volume:
-        container["volumeMounts"].append({"name": "model", "mountPath": spec.model_mount_path,
+    if (volume := model_volume(spec)) is not None:
+        container["volumeMounts"].append({"name": "model", "mountPath": volume[1],
                                           "readOnly": True})
     return container
+
+
+def model_volume(spec: EngineSpec) -> tuple[dict, str] | None:
+    """The model's volume (named `model`) and where it is mounted: a pvc:// claim read-only at
+    PVC_MOUNT_DIR, else spec.modelVolume at its mountPath, else none."""
+    if spec.source.is_pvc:
+        claim = {"claimName": spec.source.claim, "readOnly": True}
+        return {"name": "model", "persistentVolumeClaim": claim}, PVC_MOUNT_DIR
+    if spec.model_volume:
+        return {"name": "model", **(spec.model_volume.get("volume") or {})}, spec.model_mount_path
+    return None
 
 
 def _one_rank_per_node(name: str, group: int) -> dict:
@@ -128,9 +141,19 @@ def _one_rank_per_node(name: str, group: int) -> dict:
 
 
 def engine_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
+    """One rank's pod: the operator's (`operator_pod`) with spec.engine.template merged in."""
+    pod = operator_pod(ref, spec, group, rank)
+    merged = template.merge({"metadata": pod["metadata"], "spec": pod["spec"]},
+                            spec.engine_template)
+    return {**pod, **merged}
+
+
+def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
+    """What the operator renders before the template: validation checks a template against
+    it."""
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    if spec.model_volume:
-        volumes.append({"name": "model", **(spec.model_volume.get("volume") or {})})
+    if (volume := model_volume(spec)) is not None:
+        volumes.append(volume[0])
     name = L.pod_name(ref.name, group, rank)
     extra = {L.LABEL_GROUP: str(group), L.LABEL_RANK: str(rank), L.LABEL_REVISION: spec.revision}
     pod = {

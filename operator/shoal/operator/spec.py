@@ -6,8 +6,9 @@ Every default is defined here once: crd.py writes the same values into the schem
 server fills them in), and the operator falls back on them for a body the API server did not
 default (an object from before a field existed, a test's plain dict).
 
-Pass-through parts (resources, env, extraArgs, the model volume source) are kept as the body
-has them: the operator copies them into pods without reading them.
+Pass-through parts (resources, env, extraArgs, the model volume source, the pod templates) are
+kept as the body has them: the operator copies them into pods without reading them (a template
+is merged by template.py and checked by validation.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 from dataclasses import dataclass
 
 from shoal.operator import labels as L
+from shoal.operator import model_source
+from shoal.operator.model_source import ModelSource
 from shoal.operator.phases import WireEnum
 
 # The images of a release: the engine (the Dockerfile's `engine` target) and the slim router
@@ -135,6 +138,7 @@ class RestartPolicy:
 @dataclass(frozen=True)
 class EngineSpec:
     model: str
+    source: ModelSource  # what `model` names: a path or name, or a pvc:// claim
     served_model_name: str
     image: str
     image_pull_policy: str
@@ -148,10 +152,12 @@ class EngineSpec:
     frontend_image: str
     frontend_routing: str  # least-outstanding | prefix-affinity
     frontend_resources: dict | None  # pass-through
+    frontend_template: dict | None  # pass-through: spec.frontend.template
     startup_timeout_seconds: int
     extra_args: tuple[str, ...]  # pass-through, after the operator's own flags
     engine_env: tuple[dict, ...]  # pass-through
     engine_resources: dict | None  # pass-through
+    engine_template: dict | None  # pass-through: spec.engine.template
     model_volume: dict | None  # spec.modelVolume as given (validation reads its keys)
     model_mount_path: str
     shutdown_timeout_seconds: int  # 0 = abort at once
@@ -164,6 +170,7 @@ class EngineSpec:
         frontend, engine = spec.get("frontend") or {}, spec.get("engine") or {}
         return cls(
             model=str(spec.get("model") or ""),
+            source=model_source.parse(str(spec.get("model") or "")),
             served_model_name=str(spec.get("servedModelName") or spec.get("model") or ""),
             image=str(_get(spec, "image")),
             image_pull_policy=str(_get(spec, "imagePullPolicy")),
@@ -177,10 +184,12 @@ class EngineSpec:
             frontend_image=str(_get(spec, "frontend.image")),
             frontend_routing=str(_get(spec, "frontend.routing")),
             frontend_resources=frontend.get("resources") or None,
+            frontend_template=frontend.get("template") or None,
             startup_timeout_seconds=int(_get(spec, "engine.startupTimeoutSeconds")),
             extra_args=tuple(str(a) for a in engine.get("extraArgs") or ()),
             engine_env=tuple(engine.get("env") or ()),
             engine_resources=engine.get("resources") or None,
+            engine_template=engine.get("template") or None,
             model_volume=spec.get("modelVolume"),
             model_mount_path=str(_get(spec, "modelVolume.mountPath")),
             shutdown_timeout_seconds=int(_get(spec, "shutdown.timeoutSeconds")),

@@ -7,8 +7,9 @@ operator creates nothing for it; existing children are left as they are.
 from __future__ import annotations
 
 from shoal.operator import labels as L
-from shoal.operator import vllm_version
-from shoal.operator.spec import EngineSpec
+from shoal.operator import model_source, template, vllm_version
+from shoal.operator.render import frontend_operator_template, operator_pod
+from shoal.operator.spec import EngineRef, EngineSpec
 
 VOLUME_SOURCES = {
     "persistentVolumeClaim",
@@ -53,7 +54,22 @@ def spec_problems(name: str, spec: EngineSpec) -> list[str]:
                         f"backoffBaseSeconds ({base})")
     if spec.model_volume is not None:
         problems += _volume_problems(spec.model_volume.get("volume") or {})
-    return problems + vllm_version.problems(spec)
+    problems += model_source.problems(spec.model)
+    if spec.source.is_pvc and spec.model_volume is not None:
+        problems.append("spec.modelVolume must not be set with a pvc:// model: the claim is "
+                        "mounted as the model volume")
+    return problems + template_problems(name, spec) + vllm_version.problems(spec)
+
+
+def template_problems(name: str, spec: EngineSpec) -> list[str]:
+    """Every field of the two pod templates that the operator owns or does not support."""
+    ref = EngineRef(name=name, namespace="")
+    engine = operator_pod(ref, spec, 0, 0)
+    return (template.problems("spec.engine.template", spec.engine_template, engine,
+                              L.ENGINE_CONTAINER, {})
+            + template.problems("spec.frontend.template", spec.frontend_template,
+                                frontend_operator_template(ref, spec), L.FRONTEND_CONTAINER,
+                                template.FRONTEND_OWNED_POD))
 
 
 def _volume_problems(volume: dict) -> list[str]:
