@@ -117,6 +117,13 @@ def _table(kube, ns):
         ({"restartPolicy": {"policy": "Sometimes"}}, "spec.restartPolicy.policy"),
         ({"shutdown": {"timeoutSeconds": -5}}, "spec.shutdown.timeoutSeconds"),
         ({"model": ""}, "spec.model"),
+        ({"model": "hf://Qwen/Qwen2.5-7B"}, "spec.model"),  # not implemented yet
+        ({"model": "pvc://Weights/m"}, "spec.model"),  # not a claim name
+        ({"model": "pvc://w/../m"}, "spec.model"),  # out of the claim
+        ({"engine": {"template": {"spec": {"tolerations": [{"operator": "Sometimes"}]}}}},
+         "spec.engine.template.spec.tolerations"),
+        ({"frontend": {"template": {"spec": {"containers": [{"image": "x"}]}}}},
+         "spec.frontend.template.spec.containers"),
     ],
 )
 def test_the_api_server_rejects_out_of_bound_specs(kube, ns, patch, field):

@@ -327,3 +327,45 @@ def test_the_operator_reads_pods_from_its_index_not_a_list_per_pass(
     reads = json.loads(stats.read_text())["reads"]
     assert reads.get("get inferenceengines", 0) >= 3, reads
     assert "list pods" not in reads, reads
+
+
+def test_a_template_field_the_operator_owns_is_kept_by_the_server_and_named(
+    control_plane, quiet_ns, kube
+):
+    """The API server keeps every template field (none pruned), so the operator sees one it
+    must refuse and names it in SpecValid; nothing is created until it is fixed."""
+    ns = quiet_ns
+    owned = {"spec": {"hostNetwork": True,
+                      "containers": [{"name": "engine", "command": ["python"]}]}}
+    body = create_ie(kube, engine("own", ns).engine(template=owned).manifest())
+    assert body["spec"]["engine"]["template"] == owned, "the server pruned a template field"
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    cond = next(c for c in ie(kube, ns, "own")["status"]["conditions"] if c["type"] == "SpecValid")
+    assert cond["status"] == "False"
+    assert "spec.engine.template.spec.hostNetwork is not supported" in cond["message"]
+    assert "spec.engine.template.spec.containers[engine].command is set by the operator" \
+        in cond["message"]
+    assert pods(kube, ns, "own") == {} and _writes(r) == {"patch/status inferenceengines": 1}
+
+
+def test_a_frontend_template_reaches_the_deployment_and_leaves_it_when_removed(
+    control_plane, quiet_ns, kube
+):
+    ns = quiet_ns
+    placed = {"metadata": {"labels": {"team": "search"}},
+              "spec": {"nodeSelector": {"pool": "cpu"},
+                       "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}
+    body = create_ie(kube, engine("fe", ns).frontend(template=placed).manifest())
+    r = _fresh(control_plane)
+    r.reconcile(body)
+    pod = kube.get("apps/v1", "deployments", ns, "fe-frontend")["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert pod["spec"]["tolerations"] == placed["spec"]["tolerations"]
+    assert pod["metadata"]["labels"]["team"] == "search"
+    kube.patch(L.API_VERSION, L.PLURAL, ns, "fe", {"spec": {"frontend": {"template": None}}})
+    r.reconcile(ie(kube, ns, "fe"))
+    pod = kube.get("apps/v1", "deployments", ns, "fe-frontend")["spec"]["template"]
+    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+    assert "team" not in pod["metadata"]["labels"]
+    assert pod["spec"]["serviceAccountName"] == "fe-frontend"

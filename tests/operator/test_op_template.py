@@ -330,3 +330,25 @@ def test_the_template_is_part_of_the_engine_revision_and_the_frontend_hash():
     hashes = [render.frontend_deployment(*parse(b))["metadata"]["annotations"][
         L.ANNOTATION_SPEC_HASH] for b in (plain, fronted)]
     assert hashes[0] != hashes[1], "a frontend template change rewrites the Deployment"
+
+
+@pytest.mark.parametrize(
+    "have, want, patch",
+    [
+        ({"metadata": {"labels": {"a": "1"}}, "spec": {"nodeSelector": {"p": "g"}}},
+         {"metadata": {"labels": {"a": "1"}}, "spec": {}},
+         {"metadata": {"labels": {"a": "1"}}, "spec": {"nodeSelector": None}}),
+        ({"metadata": {"labels": {"a": "1", "team": "x"}, "annotations": {"n": "y"}},
+          "spec": {"tolerations": [], "schedulerName": "default-scheduler", "dnsPolicy": "C"}},
+         {"metadata": {"labels": {"a": "1"}}, "spec": {"priorityClassName": "high"}},
+         {"metadata": {"labels": {"a": "1", "team": None}, "annotations": {"n": None}},
+          "spec": {"priorityClassName": "high", "tolerations": None, "schedulerName": None}}),
+        ({}, {"metadata": {"labels": {"a": "1"}}, "spec": {"volumes": []}},
+         {"metadata": {"labels": {"a": "1"}}, "spec": {"volumes": []}}),
+    ],
+    ids=["a field taken out of the template is nulled",
+         "labels, annotations and supported fields only (dnsPolicy is the server's)",
+         "nothing to remove from a new Deployment"],
+)
+def test_a_frontend_patch_removes_what_the_template_no_longer_sets(have, want, patch):
+    assert template.with_removals(have, want) == patch

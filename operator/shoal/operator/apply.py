@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from shoal.operator import events, render
+from shoal.operator import events, render, template
 from shoal.operator import labels as L
 from shoal.operator.actions import (
     Action,
@@ -99,5 +99,9 @@ class Applier:
         elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
             patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
             patch.update({k: v for k, v in obj.items() if k in PATCHED_PARTS})
+            if obj["kind"] == "Deployment":  # what a frontend template no longer sets goes
+                have_pod = (have.get("spec") or {}).get("template") or {}
+                patch["spec"] = {**obj["spec"], "template": template.with_removals(
+                    have_pod, obj["spec"]["template"])}
             self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
         self._applied[key] = (want, time.monotonic())

@@ -179,3 +179,19 @@ def _named_clashes(at: str, items, base, key: str, what: str) -> list[str]:
             out.append(f"{at}[{value}] is given twice")
         seen.add(value)
     return out
+
+
+def with_removals(have: dict, want: dict) -> dict:
+    """`want` (a Deployment's pod template) as a JSON merge patch over `have`: a merge patch
+    keeps what it leaves out, so the fields a template may set (and labels, annotations) that
+    `have` has and `want` has not are sent as null, and a field taken out of the template
+    leaves the Deployment too. The server's defaults among them come back by themselves."""
+    out = copy.deepcopy(want)
+    for part in ("labels", "annotations"):
+        gone = set((have.get("metadata") or {}).get(part) or {}) - set(want["metadata"].get(part)
+                                                                       or {})
+        if gone:
+            out["metadata"].setdefault(part, {}).update(dict.fromkeys(gone))
+    spec = have.get("spec") or {}
+    out["spec"].update({k: None for k in POD_FIELDS if k in spec and k not in want["spec"]})
+    return out
