@@ -45,7 +45,7 @@ class EngineStandIn:
 @pytest.fixture(scope="module")
 def app(tiny_model):
     llm = EngineStandIn(tiny_model)
-    return llm, TestClient(build_app(llm, served_model_names=["tiny"], api_key=KEY))
+    return llm, TestClient(build_app(llm, served_model_names=["tiny"], api_keys=[KEY]))
 
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -68,6 +68,14 @@ TRIGGERS = {
     },
     ("get", "/v1/models"): {401: (None, {}, None)},
     ("get", "/health"): {503: (None, {}, "draining")},
+    ("get", "/ping"): {503: (None, {}, "draining")},
+    ("post", "/ping"): {503: (None, {}, "dead")},
+    ("post", "/invocations"): {  # not under /v1: no key, as in vLLM
+        400: ({"input": "a"}, {}, None),
+        404: ({**CHAT, "model": "gpt-9"}, {}, None),
+        500: ({"prompt": "a"}, {}, "dead"),
+        503: (CHAT, {}, "draining"),
+    },
     ("post", "/tokenize"): {400: ({}, {}, None), 404: ({"prompt": "a", "model": "x"}, {}, None)},
     ("post", "/detokenize"): {400: ({"tokens": [10**9]}, {}, None),
                               404: ({"tokens": [1], "model": "x"}, {}, None)},

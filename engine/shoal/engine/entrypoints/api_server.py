@@ -22,14 +22,18 @@ from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
 from shoal.engine.entrypoints.serving_completions import completions_router
+from shoal.engine.entrypoints.serving_invocations import invocations_router
 from shoal.engine.entrypoints.tool_calls import ToolSettings
 from shoal.engine.errors import EngineDeadError, RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | None = None,
-              tool_settings: ToolSettings | None = None) -> FastAPI:
+def build_app(llm: AsyncLLM, *, served_model_names: list[str],
+              api_keys: list[str] | None = None, tool_settings: ToolSettings | None = None,
+              sampling_defaults: dict | None = None) -> FastAPI:
+    """`api_keys`: the keys /v1 accepts (none: no authentication); `sampling_defaults`: the
+    model's generation_config sampling values (generation_config.py), below a request's own."""
     app = FastAPI(title="shoal", version=__version__, docs_url=None, redoc_url=None)
     app.state.llm = llm
 
@@ -48,12 +52,12 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str], api_key: str | No
     async def _on_request_error(request: Request, exc: Exception):
         return exception_response(exc)
 
-    if api_key:
-        app.add_middleware(ApiKeyAuth, api_key=api_key)
+    if api_keys:
+        app.add_middleware(ApiKeyAuth, api_keys=api_keys)
 
-    serving = Serving(llm, served_model_names)
+    serving = Serving(llm, served_model_names, dict(sampling_defaults or {}))
     for router in (completions_router(serving), chat_router(serving, tool_settings),
-                   admin_router(serving)):
+                   admin_router(serving), invocations_router(serving)):
         app.include_router(router)
     _document_errors(app)
     return app

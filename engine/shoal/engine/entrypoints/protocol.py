@@ -1,11 +1,15 @@
 """OpenAI request bodies (pydantic) and their translation to SamplingParams.
 
-A field this server does not implement is a 400 that names it, never silently ignored: every
-model forbids unknown fields (`_Strict`), and http_errors.validation_error turns pydantic's
-`extra_forbidden` into "unsupported field(s): ...". Fields that OpenAI clients may send and that
-mean nothing here at their default value (`user`, `store: false`, `logit_bias: {}`, ...) are
-declared as no-ops that accept only those values (`_only`). Wrong types are a 400 naming the
-field as well.
+The rule: accept what cannot change the answer, refuse what would. A field this server does
+not implement is a 400 that names it, never silently ignored: every model forbids unknown
+fields (`_Strict`), and http_errors.validation_error turns pydantic's `extra_forbidden` into
+"unsupported field(s): ...". Accepted without effect: OpenAI's routing and bookkeeping hints
+(`user`, `prompt_cache_key`, `safety_identifier`, `metadata`, `store: false`, `service_tier`),
+and the fields peer routers (vllm-router, sglang-router) inject at the value that means "off"
+(`no_stop_trim: false`, `return_hidden_states: false`; on chat `continue_final_message: false`,
+`separate_reasoning`, `stream_reasoning`, `include_reasoning`: true): those are declared as
+no-ops that accept only that value (`_only`), any other is a 400 naming it. `null` for an
+optional field means absent (`_Strict`). Wrong types are a 400 naming the field as well.
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from shoal.engine.entrypoints.structured_request import structured_outputs_of
 from shoal.engine.errors import InvalidRequestError
@@ -38,13 +50,31 @@ def _only(*accepted: Any) -> AfterValidator:
 
 
 class _Strict(BaseModel):
-    """Base of every request body: a field the server does not declare is rejected (400)."""
+    """Base of every request body: a field the server does not declare is rejected (400);
+    `null` is the field's absence (vLLM's clients send `"n": null`, `"stream": null`)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's: usage (so far) in every chunk, with include_usage (guidellm asks for it).
+    continuous_usage_stats: bool = False
+
+    def usage_flags(self) -> tuple[bool, bool]:
+        """(the final usage chunk, usage in every chunk): vLLM's should_include_usage."""
+        return self.include_usage, self.include_usage and self.continuous_usage_stats
+
+
+def usage_flags(options: StreamOptions | None) -> tuple[bool, bool]:
+    return options.usage_flags() if options is not None else (False, False)
 
 
 # ----- structured output (structured_request.py reads these) ----------------------------------
@@ -110,9 +140,19 @@ class _Sampling(_Strict):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # No-ops: OpenAI's end-user label (any value); an empty bias.
+    # No-ops: OpenAI's routing and bookkeeping hints (any value: they tag or route a request,
+    # nothing is stored, one tier serves everything); an empty bias.
     user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    store: Annotated[bool | None, _only(None, False)] = None
+    service_tier: Annotated[str | None, _only(None, "auto", "default")] = None
     logit_bias: Annotated[dict[str, float] | None, _only(None, {})] = None
+    # No-ops at the value peer routers inject (SGLang's names): stop strings are trimmed, no
+    # hidden states are returned.
+    no_stop_trim: Annotated[bool, _only(False)] = False
+    return_hidden_states: Annotated[bool, _only(False)] = False
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
@@ -135,8 +175,11 @@ class _Sampling(_Strict):
             raise InvalidRequestError("prompt_logprobs are not available when stream=true.")
         return {"prompt_logprobs": self.prompt_logprobs}
 
-    def sampling_params(self, default_max_tokens: int | None,
-                        max_logprobs: int = 20) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int | None, max_logprobs: int = 20,
+                        defaults: dict | None = None) -> SamplingParams:
+        """The engine's SamplingParams: the request's values first, then `defaults` (the model's
+        generation_config: generation_config.py), then vLLM's neutral ones."""
+        defaults = defaults or {}
         if not 1 <= self.n <= 16:
             raise InvalidRequestError(f"n must be between 1 and 16, got {self.n}.")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
@@ -144,7 +187,8 @@ class _Sampling(_Strict):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         fields: dict[str, Any] = dict(
             n=1,  # the server fans n out into n engine requests
-            max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
+            max_tokens=(self.max_tokens if self.max_tokens is not None
+                        else defaults.get("max_tokens", default_max_tokens)),
             seed=self.seed, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
             skip_special_tokens=self.skip_special_tokens,
@@ -153,6 +197,8 @@ class _Sampling(_Strict):
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty"):
             value = getattr(self, name)
+            if value is None:
+                value = defaults.get(name)
             if value is not None:
                 fields[name] = value
         fields.update(self.logprob_fields(max_logprobs))
@@ -227,8 +273,9 @@ class ChatMessage(_Strict):
         return msg
 
     def text(self) -> str:
+        """Text parts joined with a newline, as vLLM joins them."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "\n".join(part.text for part in self.content)
         return self.content or ""
 
 
@@ -239,11 +286,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: bool = True
-    # No-ops at these values: nothing is stored, metadata only tags stored completions, one
-    # tier serves everything.
-    store: Annotated[bool | None, _only(None, False)] = None
-    metadata: dict[str, str] | None = None
-    service_tier: Annotated[str | None, _only(None, "auto", "default")] = None
+    # No-ops at the values peer routers inject (vLLM's and SGLang's names): the last message is
+    # not continued, and there is no reasoning parser whose output they would split or hide.
+    continue_final_message: Annotated[bool, _only(False)] = False
+    separate_reasoning: Annotated[bool, _only(True)] = True
+    stream_reasoning: Annotated[bool, _only(True)] = True
+    include_reasoning: Annotated[bool, _only(True)] = True
     tools: list[ChatTool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -259,7 +307,7 @@ class ChatCompletionRequest(_Sampling):
         return fields
 
     def check_supported(self) -> None:
-        if self.max_completion_tokens is not None and self.max_tokens is None:
+        if self.max_completion_tokens is not None:  # it wins over max_tokens, as in vLLM
             self.max_tokens = self.max_completion_tokens
 
 
@@ -267,8 +315,15 @@ class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: true for a prompt; for messages false (the chat template places the
+    # special tokens), true adds the tokenizer's own (BOS) on top.
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+
+    def special_tokens(self) -> bool:
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.messages is None
 
 
 class DetokenizeRequest(_Strict):

@@ -71,13 +71,29 @@ def main(argv: list[str] | None = None) -> int:
         from shoal.engine.executor.headless import run_headless
 
         return run_headless(config)
+    defaults = _sampling_defaults(args)
+    if isinstance(defaults, int):
+        return defaults
     names = args.served_model_name or [args.model]
     llm = _start_engine(config, args, names)
     if isinstance(llm, int):
         return llm
     from shoal.engine.entrypoints import event_loop
 
-    return event_loop.run(_serve(llm, args, names, started))
+    return event_loop.run(_serve(llm, args, names, started, defaults))
+
+
+def _sampling_defaults(args):
+    """The model's generation_config sampling values (logged once), or exit code 2."""
+    from shoal.engine import generation_config
+
+    try:
+        defaults = generation_config.sampling_defaults(args.model, args.generation_config)
+    except ValueError as exc:
+        return _config_error(str(exc))
+    if defaults:
+        logger.info("%s", generation_config.describe(defaults, args.generation_config))
+    return defaults
 
 
 def _engine_config(args):
@@ -226,11 +242,14 @@ async def _announce(server, args, names: list[str], started: float) -> None:
                 ", ".join(names), time.monotonic() - started)
 
 
-async def _serve(llm, args, names: list[str], started: float) -> int:
+async def _serve(llm, args, names: list[str], started: float, defaults: dict) -> int:
+    from shoal.engine.entrypoints.api_key import api_keys
     from shoal.engine.entrypoints.api_server import build_app
     from shoal.engine.entrypoints.tool_calls import ToolSettings
 
-    app = build_app(llm, served_model_names=names, api_key=args.api_key,
+    keys = api_keys(args.api_key, os.environ)
+    logger.info("API key: %s", f"{len(keys)} accepted on /v1" if keys else "none (open)")
+    app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
                     tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser))
     state = {"rc": 0, "signalled": False}
     server = _http_server(app, llm, args, state)

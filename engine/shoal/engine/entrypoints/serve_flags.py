@@ -7,10 +7,10 @@ operator sees it as a config error and does not restart the pod.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 
 from shoal.engine.config import PERFORMANCE_MODES
+from shoal.engine.generation_config import SOURCES_HELP
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
 
@@ -66,8 +66,10 @@ def _http_flags(net) -> None:
     net.add_argument("--served-model-name", nargs="+", default=None,
                      help="model name(s) clients send as `model`; the first is reported in "
                           "responses (default: the model path)")
-    net.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
-                     help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    net.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
+                          "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
+                          "$VLLM_API_KEY, each one set")
 
 
 def _batch_flags(eng) -> None:
@@ -100,6 +102,10 @@ def _model_flags(eng) -> None:
     eng.add_argument("--num-threads", type=int, default=None,
                      help="torch threads of each engine rank (default: the CPUs this process "
                           "may use (affinity, cgroup CPU limit) split over this node's ranks)")
+    eng.add_argument("--generation-config", default="auto",
+                     help="default sampling values (temperature, top_p, top_k, min_p, penalties, "
+                          "max_new_tokens as max_tokens) under a request's own: "
+                          f"{SOURCES_HELP} (vLLM's flag)")
     eng.add_argument("--max-logprobs", type=int, default=20,
                      help="most logprobs (alternatives per token) a request's logprobs, "
                           "top_logprobs or prompt_logprobs may ask for")

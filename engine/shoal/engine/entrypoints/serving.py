@@ -131,6 +131,11 @@ class Serving:
 
     llm: AsyncLLM
     served_model_names: list[str]
+    # The model's generation_config sampling values (generation_config.py): a request's
+    # defaults, below its own values.
+    sampling_defaults: dict = field(default_factory=dict)
+    # The generation endpoints by body type ("chat", "completion"), for /invocations.
+    endpoints: dict = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -181,18 +186,28 @@ class Serving:
             add_logprobs(response, c)
         return JSONResponse(response)
 
-    async def stream_events(self, gens, make_chunk, n_prompt: list[int], include_usage: bool,
-                            first_chunks: list[bytes]) -> AsyncIterator[bytes]:
-        """SSE bytes: `first_chunks`, one chunk per delta with text or a finish, the usage chunk
-        if asked, and `data: [DONE]`; a failure after the 200 is reported in-band."""
+    async def stream_events(self, gens, make_chunk, n_prompt: list[int],
+                            usage_flags: tuple[bool, bool],
+                            first_chunks: list[dict]) -> AsyncIterator[bytes]:
+        """SSE bytes: `first_chunks` (one per choice, in order), one chunk per delta with text or
+        a finish, the usage chunk if asked, and `data: [DONE]`; a failure after the 200 is
+        reported in-band. `usage_flags`: (final usage chunk, usage in every chunk: vLLM's
+        continuous_usage_stats, the choice's prompt and its tokens so far)."""
+        include_usage, continuous = usage_flags
         completion = [0] * len(gens)
+
+        def framed(i: int, obj: dict) -> bytes:
+            if continuous:
+                obj["usage"] = usage(n_prompt[i], completion[i])
+            return sse(obj)
+
         try:
-            for c in first_chunks:
-                yield c
+            for i, c in enumerate(first_chunks):
+                yield framed(i, c)
             async for i, out in merged_choices(gens):
                 completion[i] = out.num_output_tokens
                 if out.text or out.finished or out.logprobs:  # logprobs: even without text
-                    yield sse(make_chunk(i, out))
+                    yield framed(i, make_chunk(i, out))
             if include_usage:
                 yield sse(make_chunk(None, None, usage=usage(sum(n_prompt), sum(completion))))
         except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band

@@ -1,7 +1,10 @@
-"""The endpoints around generation: models, health, version, metrics, tokenize, detokenize."""
+"""The endpoints around generation: models, health (and SageMaker's /ping), version, metrics,
+tokenize, detokenize; vLLM's development-mode /reset_prefix_cache."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 from fastapi import APIRouter
@@ -13,10 +16,23 @@ from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
 from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.errors import RETRY_AFTER_S, InvalidRequestError
 
+logger = logging.getLogger("shoal.engine.api")
+# vLLM's switch for its development endpoints (/reset_prefix_cache among them): off in
+# production, as there.
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
 
 def admin_router(s: Serving) -> APIRouter:
     router = APIRouter()
     llm = s.llm
+
+    def health_response():
+        if llm.dead_error is not None:
+            return error_response(503, str(llm.dead_error), "EngineDeadError")
+        if not llm.is_healthy:
+            return error_response(503, "the server is shutting down", "ServiceUnavailableError",
+                                  retry_after=RETRY_AFTER_S)
+        return PlainTextResponse("")
 
     @router.get("/v1/models", responses=error_responses(401))
     async def models():
@@ -33,12 +49,25 @@ def admin_router(s: Serving) -> APIRouter:
         200 with an empty body); 503 with OpenAI's error JSON once the engine is dead or the
         server is shutting down, the latter with Retry-After (the probe takes it out of
         rotation)."""
-        if llm.dead_error is not None:
-            return error_response(503, str(llm.dead_error), "EngineDeadError")
-        if not llm.is_healthy:
-            return error_response(503, "the server is shutting down", "ServiceUnavailableError",
-                                  retry_after=RETRY_AFTER_S)
-        return PlainTextResponse("")
+        return health_response()
+
+    @router.get("/ping", response_class=PlainTextResponse, responses={
+        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
+    @router.post("/ping", response_class=PlainTextResponse, responses={
+        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
+    async def ping():
+        """SageMaker's health check: /health's answer (vLLM's /ping)."""
+        return health_response()
+
+    if os.environ.get(DEV_MODE_ENV, "0") not in ("", "0"):
+        logger.warning("%s is set: development endpoints (/reset_prefix_cache) are enabled",
+                       DEV_MODE_ENV)
+
+        @router.post("/reset_prefix_cache")
+        async def reset_prefix_cache():
+            """Forget every cached prefix (vLLM's dev endpoint); false while a request holds
+            blocks."""
+            return {"success": bool(await llm.call_utility("reset_prefix_cache"))}
 
     @router.get("/version")
     async def version():
@@ -55,9 +84,9 @@ def admin_router(s: Serving) -> APIRouter:
         if body.messages is not None:
             ids = llm.input_processor.render_chat(
                 [{"role": m.role, "content": m.text()} for m in body.messages],
-                body.add_generation_prompt)
+                body.add_generation_prompt, add_special_tokens=body.special_tokens())
         elif body.prompt is not None:
-            ids = llm.input_processor.tokenize(body.prompt, body.add_special_tokens)
+            ids = llm.input_processor.tokenize(body.prompt, body.special_tokens())
         else:
             raise InvalidRequestError("send either 'prompt' or 'messages'.")
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from shoal.engine.entrypoints import logprobs_format, structured_request
 from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_json, error_responses
-from shoal.engine.entrypoints.protocol import ChatCompletionRequest
+from shoal.engine.entrypoints.protocol import ChatCompletionRequest, usage_flags
 from shoal.engine.entrypoints.serving import (
     Collected,
     Serving,
@@ -71,19 +71,21 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
                                          media_type="text/event-stream")
             return await _tool_response(request, plan, gens, head, n_prompt)
         if body.stream:
-            return _text_stream(s, body, gens, head, n_prompt)
-        wants = body.logprobs or body.prompt_logprobs is not None
+            return _text_stream(s, body, gens, head, n_prompt, prompt)
+        wants = body.logprobs or body.prompt_logprobs is not None or body.return_token_ids
         return await s.respond(request, gens, n_prompt, head,
                                lambda text: {"message": {"role": "assistant", "content": text}},
-                               add_logprobs=_logprobs_filler(body) if wants else None)
+                               add_logprobs=_response_filler(body, prompt) if wants else None)
 
+    s.endpoints['chat'] = (ChatCompletionRequest, chat_completions)
     return router
 
 
 def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None):
     """The request's SamplingParams, constrained by its tool plan; 400 for what tools exclude."""
     params = body.sampling_params(default_max_tokens=None,
-                                  max_logprobs=s.llm.config.max_logprobs)
+                                  max_logprobs=s.llm.config.max_logprobs,
+                                  defaults=s.sampling_defaults)
     _constrain_for_tools(params, plan)
     if plan is not None and plan.mode == "auto":
         params.skip_special_tokens = False  # <tool_call> may be a special token (vLLM's hermes)
@@ -96,9 +98,10 @@ def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None)
 
 
 def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
-                 n_prompt: list[int]) -> StreamingResponse:
-    """SSE of a chat answer without tool calls: the role delta first, then content deltas."""
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                 n_prompt: list[int], prompt: list[int]) -> StreamingResponse:
+    """SSE of a chat answer without tool calls: the role delta first, then content deltas.
+    With return_token_ids, vLLM's shape: the first chunk carries `prompt_token_ids`, each
+    delta its `token_ids`."""
     base = {**head, "object": "chat.completion.chunk"}
 
     def chunk(i, out, usage=None, delta=None):
@@ -114,18 +117,29 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
         obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
                                "finish_reason": out.finish_reason if out else None,
                                "stop_reason": out.stop_reason if out else None})
+        if body.return_token_ids and out is not None:
+            obj["choices"][-1]["token_ids"] = out.token_ids
         return obj
 
-    role = [sse(chunk(i, None, delta={"role": "assistant", "content": ""}))
+    role = [chunk(i, None, delta={"role": "assistant", "content": ""})
             for i in range(len(gens))]
-    return StreamingResponse(s.stream_events(gens, chunk, n_prompt, include_usage, role),
-                             media_type="text/event-stream")
+    if body.return_token_ids:
+        role[0]["prompt_token_ids"] = prompt
+    return StreamingResponse(
+        s.stream_events(gens, chunk, n_prompt, usage_flags(body.stream_options), role),
+        media_type="text/event-stream")
 
 
-def _logprobs_filler(body: ChatCompletionRequest):
-    """add_logprobs for Serving.respond: chat's logprobs per choice, prompt_logprobs once."""
+def _response_filler(body: ChatCompletionRequest, prompt: list[int]):
+    """add_logprobs for Serving.respond: chat's logprobs per choice, prompt_logprobs once;
+    return_token_ids as vLLM shapes it (`prompt_token_ids` on the response, `token_ids` on
+    each choice)."""
 
     def add_logprobs(response: dict, c: Collected) -> None:
+        if body.return_token_ids:
+            response["prompt_token_ids"] = prompt
+            for i, choice in enumerate(response["choices"]):
+                choice["token_ids"] = c.token_ids[i]
         if body.logprobs:
             for i, choice in enumerate(response["choices"]):
                 choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
@@ -144,8 +158,10 @@ async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
     choices = []
     for i, text in enumerate(c.texts):
         content, calls = calls_in(plan, text)
-        if c.finish[i] != "stop":  # cut short: arguments would be partial JSON
+        if c.finish[i] != "stop" and plan.mode == "auto":  # free text cut short: as written
             content, calls = text, []
+        # A forced call ("required", named) cut short keeps its calls with the arguments so far
+        # (not JSON), and finish_reason says "length": as OpenAI answers, never plain text.
         message: dict = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = message_tool_calls(calls)
@@ -159,12 +175,15 @@ async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
 
 async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_prompt: list[int]):
     """SSE with tool-call deltas; the same framing as Serving.stream_events."""
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage, continuous = usage_flags(body.stream_options)
     base = {**head, "object": "chat.completion.chunk"}
 
     def chunk(i, delta, finish=None, stop_reason=None):
-        return sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish, "stop_reason": stop_reason}]})
+        obj = {**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
+                                    "finish_reason": finish, "stop_reason": stop_reason}]}
+        if continuous:
+            obj["usage"] = usage(n_prompt[i], completion[i])
+        return sse(obj)
 
     streams = [ToolCallStream(plan) for _ in gens]
     completion = [0] * len(gens)

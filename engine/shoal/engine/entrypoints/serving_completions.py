@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from shoal.engine.entrypoints import logprobs_format
 from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_responses
-from shoal.engine.entrypoints.protocol import CompletionRequest
+from shoal.engine.entrypoints.protocol import CompletionRequest, usage_flags
 from shoal.engine.entrypoints.serving import Collected, Serving
 
 
@@ -25,14 +25,14 @@ def completions_router(s: Serving) -> APIRouter:
         s.ensure_available()
         job = _CompletionJob.start(s, body)
         params = body.sampling_params(default_max_tokens=16,
-                                      max_logprobs=s.llm.config.max_logprobs)
+                                      max_logprobs=s.llm.config.max_logprobs,
+                                      defaults=s.sampling_defaults)
         gens = s.start_choices(job.prompts, params, body.n, job.request_id)
         n_prompt = [len(p) for p in job.prompts for _ in range(body.n)]
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             job.echoed, job.offset = [False] * len(gens), [0] * len(gens)
             return StreamingResponse(
-                s.stream_events(gens, job.chunk, n_prompt, include_usage, []),
+                s.stream_events(gens, job.chunk, n_prompt, usage_flags(body.stream_options), []),
                 media_type="text/event-stream")
         prompt_ids = ([p for p in job.prompts for _ in range(body.n)]
                       if body.return_token_ids else None)
@@ -41,6 +41,7 @@ def completions_router(s: Serving) -> APIRouter:
                                lambda text: {"text": text}, prompt_ids,
                                job.add_logprobs if wants else None)
 
+    s.endpoints['completion'] = (CompletionRequest, completions)
     return router
 
 

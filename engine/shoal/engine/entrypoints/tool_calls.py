@@ -1,7 +1,8 @@
 """Tool calling for /v1/chat/completions: what `tools` + `tool_choice` ask of the engine.
 
 vLLM's behaviour, with the same grammar machinery as response_format:
-- "none": the tools are ignored, and not shown to the chat template either;
+- "none": generation is free and no call is read out of it; the tools still reach the chat
+  template (vLLM's default: its `--exclude-tools-when-tool-choice-none` is off);
 - "required": the output is constrained to a JSON array (at least one item; at most one when
   parallel_tool_calls is false) of {"name": <one of the tools>, "parameters": <its schema>};
 - {"type": "function", "function": {"name": N}}: the output is constrained to N's parameters
@@ -9,6 +10,11 @@ vLLM's behaviour, with the same grammar machinery as response_format:
 - "auto" (the default when tools are given): generation is free and the tool parser
   (`--tool-call-parser hermes`) finds `<tool_call>{...}</tool_call>` blocks in it; refused with a
   400 unless the server runs with `--enable-auto-tool-choice --tool-call-parser hermes`.
+
+Forced calls ("required", named) follow the parameters schema with every object that declares
+`properties` closed to them (`additionalProperties: false` where the schema says nothing):
+vLLM's default grammar backend, xgrammar, compiles JSON schemas in strict mode, which allows no
+property a schema does not name. Without it a weak model adds keys until max_tokens.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class ToolPlan:
 
     @property
     def template_tools(self) -> list[dict] | None:
-        return None if self.mode == "none" or not self.tools else self.tools
+        return self.tools or None
 
 
 def new_call_id() -> str:
@@ -51,7 +57,36 @@ def new_call_id() -> str:
 
 
 def _parameters(tool) -> dict:
-    return tool.function.parameters or {"type": "object", "properties": {}}
+    return closed_objects(tool.function.parameters or {"type": "object", "properties": {}})
+
+
+# Keywords whose value is one schema, a list of schemas, or a name -> schema map.
+_ONE = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+_MANY = ("anyOf", "oneOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_objects(schema):
+    """A copy of `schema` where each object that declares `properties` and says nothing about
+    more (`additionalProperties`, `unevaluatedProperties`) allows no other property: xgrammar's
+    strict mode, vLLM's default. Objects under `allOf` stay open: each part names only some of
+    the properties, so closing one would refuse the others'."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    for key in _MANY:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(x) for x in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(x) for name, x in out[key].items()}
+    if (isinstance(out.get("properties"), dict) and out["properties"] and "allOf" not in out
+            and "additionalProperties" not in out and "unevaluatedProperties" not in out):
+        out["additionalProperties"] = False
+    return out
 
 
 def required_schema(tools, parallel: bool) -> dict:

@@ -29,17 +29,22 @@ class InputProcessor:
         return self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The chat template's tokens; `add_special_tokens` adds the tokenizer's own (BOS) on
+        top of what the template writes (vLLM's /tokenize and chat field)."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
                 raise InvalidRequestError(
                     f"messages[{i}] must be an object with a 'role' and a string 'content'.")
         try:
             ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                **({"tools": tools} if tools else {}))
+                messages, add_generation_prompt=add_generation_prompt,
+                tokenize=not add_special_tokens, **({"tools": tools} if tools else {}))
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise InvalidRequestError(f"could not apply the chat template: {exc}") from None
+        if add_special_tokens:
+            return self.tokenize(ids, add_special_tokens=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
