@@ -82,17 +82,23 @@ class Router:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
         self.watcher.check()
-        tasks = [asyncio.ensure_future(self.watcher.run()),
-                 asyncio.ensure_future(self.prober.run())]
-        if self.api_source is not None:
-            tasks.append(asyncio.ensure_future(self.api_source.run()))
-        try:
+        sources = [self.api_source.run] if self.api_source is not None else []
+        async with background(self.client, self.watcher.run, self.prober.run, *sources):
             yield
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def background(client: httpx.AsyncClient, *runners: Callable[[], Awaitable[None]]):
+    """A router's lifespan: each runner (watchers, prober) as a task while the app serves; then
+    the tasks cancelled and the shared HTTP client closed."""
+    tasks = [asyncio.ensure_future(run()) for run in runners]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.aclose()
 
 
 class Unauthorized(Exception):

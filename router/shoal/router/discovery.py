@@ -61,6 +61,17 @@ def parse_discovery(text: str) -> Discovery:
     return Discovery(tuple(Group(gid, url) for gid, url in sorted(groups.items())), model)
 
 
+async def poll(check: Callable[[], object], interval: float, what: str) -> None:
+    """Call `check` every `interval` seconds for ever; a failure is logged, never fatal (the
+    watchers must outlive any surprise)."""
+    while True:
+        try:
+            check()
+        except Exception:  # noqa: BLE001 - logged with its traceback, the loop goes on
+            logger.exception("%s failed", what)
+        await asyncio.sleep(interval)
+
+
 def file_signature(path) -> tuple | None:
     """(inode, mtime, size) of a file, None when absent: what a poller compares."""
     # ConfigMap volumes swap a symlink: stat() follows it, so the inode changes with each update.
@@ -129,9 +140,4 @@ class DiscoveryWatcher:
         self.problem = problem
 
     async def run(self) -> None:
-        while True:
-            try:
-                self.check()
-            except Exception:  # noqa: BLE001 - the watcher must outlive any surprise
-                logger.exception("discovery check of %s failed", self.path)
-            await asyncio.sleep(self.interval)
+        await poll(self.check, self.interval, f"discovery check of {self.path}")

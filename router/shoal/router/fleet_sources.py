@@ -25,6 +25,7 @@ from shoal.router.discovery import (
     Discovery,
     file_signature,
     parse_discovery,
+    poll,
 )
 from shoal.router.fleet import Fleet
 from shoal.router.k8s_discovery import KEY, RETRY_S, WATCH_TIMEOUT_S, api_client
@@ -158,12 +159,7 @@ class DirectorySource:
             self.fleet.update(engine, found)
 
     async def run(self) -> None:
-        while True:
-            try:
-                self.check()
-            except Exception:  # noqa: BLE001 - the watcher must outlive any surprise
-                logger.exception("discovery check of %s failed", self.path)
-            await asyncio.sleep(self.interval)
+        await poll(self.check, self.interval, f"discovery check of {self.path}")
 
 
 __all__ = ["ConfigMapsSource", "Discovery", "DirectorySource"]

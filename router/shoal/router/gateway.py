@@ -16,7 +16,6 @@ available models; `/metrics` has the gateway's own `shoal_router_*` series (the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -32,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
 from shoal.router import aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
-from shoal.router.app import common_app, model_list
+from shoal.router.app import background, common_app, model_list
 from shoal.router.errors import error_response
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
@@ -81,19 +80,11 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
-        tasks = [asyncio.ensure_future(self.prober.run())]
         if self.directory is not None:
             self.directory.check()
-            tasks.append(asyncio.ensure_future(self.directory.run()))
-        if self.api is not None:
-            tasks.append(asyncio.ensure_future(self.api.run()))
-        try:
+        sources = [s.run for s in (self.directory, self.api) if s is not None]
+        async with background(self.client, self.prober.run, *sources):
             yield
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.client.aclose()
 
 
 def _unknown_model(model, models: dict[str, list[str]]) -> Response:
