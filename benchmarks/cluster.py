@@ -18,17 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests")]
-
-from e2e.e2e_helpers import Stream, completes, create, service_url, status, wait_ready  # noqa: E402
-from shoal.devcluster import clean, demo  # noqa: E402
-from shoal.devcluster import cluster as devcluster  # noqa: E402
-from shoal.devcluster.node import CGROUP_FS  # noqa: E402
-from support.cluster import Cluster  # noqa: E402
-from support.k8s_tools import ensure_k8s_tools  # noqa: E402
-from support.models import ensure_model  # noqa: E402
-from support.wait import wait_for  # noqa: E402
+from e2e.e2e_helpers import Stream, completes, create, service_url, status, wait_ready
+from shoal.devcluster import clean, demo
+from shoal.devcluster import cluster as devcluster
+from shoal.devcluster.node import CGROUP_FS
+from support.cluster import Cluster
+from support.k8s_tools import ensure_k8s_tools
+from support.models import ensure_model
+from support.wait import wait_for
 
 KILL = ("import os, signal\n"
         "[os.kill(int(p), signal.SIGKILL) for p in os.listdir('/proc') if p.isdigit() and "

@@ -36,17 +36,16 @@ from pathlib import Path
 
 import psutil
 import yaml
+from kubernetes import client
+from shoal.devcluster.control_plane import ControlPlane
+from shoal.operator import crd
+from shoal.operator import labels as L
+from shoal.operator.kube import Kube
+from support.kubelet import bind, finish_deletion, ready_frontends, set_ready, set_terminated
+from support.net import free_port
+from support.watch_log import WatchLog
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "operator"))
-sys.path.insert(0, str(REPO / "tests"))
-
-from op_kubelet import bind, finish_deletion, ready_frontends, set_ready, terminate  # noqa: E402
-from shoal.devcluster.control_plane import ControlPlane  # noqa: E402
-from shoal.operator import crd  # noqa: E402
-from shoal.operator import labels as L  # noqa: E402
-from shoal.operator.kube import Kube  # noqa: E402
-from support.watch_log import WatchLog  # noqa: E402
 
 
 def _install_crd(kube: Kube) -> None:
@@ -93,14 +92,6 @@ class Sampler(threading.Thread):
         return t.user + t.system
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _live(port: int) -> bool:
     import urllib.request
 
@@ -116,6 +107,7 @@ class Kubelet(threading.Thread):
     def __init__(self, kube: Kube, ns: str, drain_s: float):
         super().__init__(daemon=True)
         self.kube, self.ns, self.drain_s = kube, ns, drain_s
+        self.core = client.CoreV1Api(kube.api)
         self.stop = threading.Event()
 
     def run(self):
@@ -131,20 +123,29 @@ class Kubelet(threading.Thread):
                 start = seen.setdefault(name, now)
                 rank0 = p["metadata"]["labels"].get(L.LABEL_RANK) == "0"
                 if name not in ended and now - start >= (self.drain_s if rank0 else 0.0):
-                    terminate(self.kube, self.ns, name, exit_code=0)
+                    set_terminated(self.core, name, self.ns, exit_code=0)
                     ended[name] = now
                 elif name in ended and now - ended[name] >= 1.0:
-                    finish_deletion(self.kube, self.ns, name)
+                    finish_deletion(self.core, name, self.ns)
 
 
 def _engine(ns: str, i: int, groups: int, ranks: int) -> dict:
-    return {"apiVersion": L.API_VERSION, "kind": L.KIND, "metadata": {"name": f"e{i:04d}", "namespace": ns},
-            "spec": {"model": "/models/tiny", "replicas": groups, "nodesPerGroup": ranks,
-                     "tensorParallelSize": ranks}}
+    return {
+        "apiVersion": L.API_VERSION,
+        "kind": L.KIND,
+        "metadata": {"name": f"e{i:04d}", "namespace": ns},
+        "spec": {
+            "model": "/models/tiny",
+            "replicas": groups,
+            "nodesPerGroup": ranks,
+            "tensorParallelSize": ranks,
+        },
+    }
 
 
-def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers: int,
-        drain_s: float) -> dict:
+def run(
+    kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers: int, drain_s: float
+) -> dict:
     from kubernetes import config
 
     kube = Kube(config.new_client_from_config(config_file=kubeconfig))
@@ -152,34 +153,62 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
     ns = f"bench-{os.getpid()}"
     kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     stats = Path(tempfile.mkdtemp()) / "operator-stats.json"
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "SHOAL_RESYNC_SECONDS": str(resync),
-           "SHOAL_OPERATOR_STATS_FILE": str(stats)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": kubeconfig,
+        "SHOAL_RESYNC_SECONDS": str(resync),
+        "SHOAL_OPERATOR_STATS_FILE": str(stats),
+    }
     log = open(Path(stats.parent) / "operator.log", "w")
-    port = _free_port()
-    op = subprocess.Popen([sys.executable, "-m", "shoal.operator", "--namespace", ns, "--log-level", "warning",
-                           "--liveness", f"http://127.0.0.1:{port}/healthz"],
-                          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    port = free_port()
+    op = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shoal.operator",
+            "--namespace",
+            ns,
+            "--log-level",
+            "warning",
+            "--liveness",
+            f"http://127.0.0.1:{port}/healthz",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
     sampler = Sampler(op.pid)
     sampler.start()
-    watcher = WatchLog.custom(config.new_client_from_config(config_file=kubeconfig), L.GROUP, L.VERSION,
-                              ns, L.PLURAL).start()
+    watcher = WatchLog.custom(
+        config.new_client_from_config(config_file=kubeconfig), L.GROUP, L.VERSION, ns, L.PLURAL
+    ).start()
     kubelet = Kubelet(kube, ns, drain_s)
     try:
-        _until(lambda: _live(port), 60, "the operator's liveness endpoint")  # start-up is not measured
+        _until(
+            lambda: _live(port), 60, "the operator's liveness endpoint"
+        )  # start-up is not measured
         cpu0 = sampler.cpu_seconds()
         t0 = time.monotonic()
         url = f"/apis/{L.API_VERSION}/namespaces/{ns}/{L.PLURAL}"
         with cf.ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda i: kube.request("POST", url, body=_engine(ns, i, groups, ranks)), range(n)))
+            list(
+                pool.map(
+                    lambda i: kube.request("POST", url, body=_engine(ns, i, groups, ranks)),
+                    range(n),
+                )
+            )
         t_created = time.monotonic() - t0
         want_pods = n * groups * ranks
         engine_pods = f"{L.LABEL_COMPONENT}={L.COMPONENT_ENGINE}"
 
         def children_done():
-            return (len(kube.list("v1", "pods", ns, engine_pods)) == want_pods
-                    and len(kube.list("apps/v1", "deployments", ns)) == n
-                    and len(kube.list("v1", "configmaps", ns, f"{L.LABEL_ENGINE}")) == n
-                    and len(kube.list("v1", "services", ns)) == 2 * n)
+            return (
+                len(kube.list("v1", "pods", ns, engine_pods)) == want_pods
+                and len(kube.list("apps/v1", "deployments", ns)) == n
+                and len(kube.list("v1", "configmaps", ns, f"{L.LABEL_ENGINE}")) == n
+                and len(kube.list("v1", "services", ns)) == 2 * n
+            )
 
         _until(children_done, 600, "every child object", interval=0.5)
         t_children = time.monotonic() - t0
@@ -187,15 +216,24 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         t1 = time.monotonic()
         names = [p["metadata"]["name"] for p in kube.list("v1", "pods", ns, engine_pods)]
 
+        core = client.CoreV1Api(kube.api)
+
         def start_pod(name):
-            bind(kube, ns, name, node="bench-node")  # deletion is graceful, as on a real node
-            set_ready(kube, ns, name)
+            bind(core, name, ns, node="bench-node")  # deletion is graceful, as on a real node
+            set_ready(core, name, ns)
 
         with cf.ThreadPoolExecutor(workers) as pool:
             list(pool.map(start_pod, names))
-            _until(lambda: len(kube.list("v1", "pods", ns, f"{L.LABEL_COMPONENT}={L.COMPONENT_FRONTEND}")) >= n,
-                   600, "every frontend pod", interval=0.5)
-            list(pool.map(lambda i: ready_frontends(kube, ns, f"e{i:04d}"), range(n)))
+            _until(
+                lambda: (
+                    len(kube.list("v1", "pods", ns, f"{L.LABEL_COMPONENT}={L.COMPONENT_FRONTEND}"))
+                    >= n
+                ),
+                600,
+                "every frontend pod",
+                interval=0.5,
+            )
+            list(pool.map(lambda i: ready_frontends(core, f"e{i:04d}", ns), range(n)))
         t_kubelet = time.monotonic() - t1
 
         def all_ready():
@@ -212,8 +250,12 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         kubelet.start()
         t2 = time.monotonic()
         with cf.ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda i: kube.delete(L.API_VERSION, L.PLURAL, ns, f"e{i:04d}"), range(n)))
-        _until(lambda: not kube.request("GET", url)["items"], 600, "every engine deleted", interval=0.5)
+            list(
+                pool.map(lambda i: kube.delete(L.API_VERSION, L.PLURAL, ns, f"e{i:04d}"), range(n))
+            )
+        _until(
+            lambda: not kube.request("GET", url)["items"], 600, "every engine deleted", interval=0.5
+        )
         t_deleted = time.monotonic() - t2
         cpu = sampler.cpu_seconds() - cpu0
         sampler.stop.set()
@@ -221,7 +263,10 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
         watcher.stop()
         engine_writes: dict[str, int] = {}
         for i in range(n):
-            for stage, since, until in (("create", 0.0, t_stage), ("delete", t_stage, float("inf"))):
+            for stage, since, until in (
+                ("create", 0.0, t_stage),
+                ("delete", t_stage, float("inf")),
+            ):
                 for what, c in watcher.writes(f"e{i:04d}", since, until).items():
                     engine_writes[f"{stage} {what}"] = engine_writes.get(f"{stage} {what}", 0) + c
     finally:
@@ -234,38 +279,67 @@ def run(kubeconfig: str, n: int, groups: int, ranks: int, resync: float, workers
     counts = json.loads(stats.read_text()) if stats.exists() else {}
     writes, reads = counts.get("writes", {}), counts.get("reads", {})
     kube.request("DELETE", f"/api/v1/namespaces/{ns}")
-    return {"engines": n, "groups": groups, "ranks": ranks, "pods": want_pods, "resync": resync,
-            "create_s": t_created, "children_s": t_children, "kubelet_s": t_kubelet, "ready_s": t_ready,
-            "delete_s": t_deleted, "drain_s": drain_s,
-            "engine_writes": dict(sorted(engine_writes.items())),
-            "cpu_s": cpu, "peak_rss_mib": sampler.peak_rss / 2**20, "writes": writes, "reads": reads}
+    return {
+        "engines": n,
+        "groups": groups,
+        "ranks": ranks,
+        "pods": want_pods,
+        "resync": resync,
+        "create_s": t_created,
+        "children_s": t_children,
+        "kubelet_s": t_kubelet,
+        "ready_s": t_ready,
+        "delete_s": t_deleted,
+        "drain_s": drain_s,
+        "engine_writes": dict(sorted(engine_writes.items())),
+        "cpu_s": cpu,
+        "peak_rss_mib": sampler.peak_rss / 2**20,
+        "writes": writes,
+        "reads": reads,
+    }
 
 
 def table(r: dict) -> str:
     rows = [
-        ("engines x groups x ranks", f"{r['engines']} x {r['groups']} x {r['ranks']} ({r['pods']} pods)"),
+        (
+            "engines x groups x ranks",
+            f"{r['engines']} x {r['groups']} x {r['ranks']} ({r['pods']} pods)",
+        ),
         ("resync interval", f"{r['resync']:g} s"),
         ("POST of all engines (client)", f"{r['create_s']:.1f} s"),
         ("all children created", f"{r['children_s']:.1f} s after the first POST"),
         ("kubelet: all pods marked ready", f"{r['kubelet_s']:.1f} s"),
         ("all engines Ready", f"{r['ready_s']:.1f} s after the first pod status patch"),
-        ("all engines deleted (finalizers done)", f"{r['delete_s']:.1f} s after the first DELETE "
-                                                  f"(rank 0 drains {r['drain_s']:g} s)"),
+        (
+            "all engines deleted (finalizers done)",
+            f"{r['delete_s']:.1f} s after the first DELETE (rank 0 drains {r['drain_s']:g} s)",
+        ),
         ("operator CPU (create..delete)", f"{r['cpu_s']:.1f} s"),
         ("operator peak RSS", f"{r['peak_rss_mib']:.0f} MiB"),
     ]
     total = sum(r["writes"].values())
-    rows += [(f"writes: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(r["writes"].items())]
+    rows += [
+        (f"writes: {k}", f"{v} ({v / r['engines']:.2f}/engine)")
+        for k, v in sorted(r["writes"].items())
+    ]
     rows.append(("writes: total", f"{total} ({total / r['engines']:.1f}/engine)"))
     reads = r.get("reads", {})
-    rows += [(f"reads: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(reads.items())]
+    rows += [
+        (f"reads: {k}", f"{v} ({v / r['engines']:.2f}/engine)") for k, v in sorted(reads.items())
+    ]
     calls = total + sum(reads.values())
-    rows.append(("API calls (reads + writes): total", f"{calls} ({calls / r['engines']:.1f}/engine)"))
-    rows += [(f"InferenceEngine {k} writes", f"{v} ({v / r['engines']:.2f}/engine)")
-             for k, v in r["engine_writes"].items()]
+    rows.append(
+        ("API calls (reads + writes): total", f"{calls} ({calls / r['engines']:.1f}/engine)")
+    )
+    rows += [
+        (f"InferenceEngine {k} writes", f"{v} ({v / r['engines']:.2f}/engine)")
+        for k, v in r["engine_writes"].items()
+    ]
     w = max(len(a) for a, _ in rows)
-    return "\n".join([f"| {'metric':<{w}} | value |", f"|{'-' * (w + 2)}|-------|"]
-                     + [f"| {a:<{w}} | {b} |" for a, b in rows])
+    return "\n".join(
+        [f"| {'metric':<{w}} | value |", f"|{'-' * (w + 2)}|-------|"]
+        + [f"| {a:<{w}} | {b} |" for a, b in rows]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,22 +347,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", type=int, default=200)
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--resync", type=float, default=10.0, help="operator timer interval (SHOAL_RESYNC_SECONDS)")
-    ap.add_argument("--workers", type=int, default=8, help="client threads for creates and status patches")
-    ap.add_argument("--drain-seconds", type=float, default=5.0, help="how long rank 0 drains on delete")
+    ap.add_argument(
+        "--resync", type=float, default=10.0, help="operator timer interval (SHOAL_RESYNC_SECONDS)"
+    )
+    ap.add_argument(
+        "--workers", type=int, default=8, help="client threads for creates and status patches"
+    )
+    ap.add_argument(
+        "--drain-seconds", type=float, default=5.0, help="how long rank 0 drains on delete"
+    )
     ap.add_argument("--kubeconfig", help="use this running control plane instead of starting one")
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON too")
     args = ap.parse_args(argv)
     if args.kubeconfig:
-        result = run(args.kubeconfig, args.engines, args.groups, args.ranks, args.resync, args.workers,
-                     args.drain_seconds)
+        result = run(
+            args.kubeconfig,
+            args.engines,
+            args.groups,
+            args.ranks,
+            args.resync,
+            args.workers,
+            args.drain_seconds,
+        )
     else:
         with tempfile.TemporaryDirectory(prefix="shoal-bench-") as root:
             cp = ControlPlane(Path(root))
             cp.start(timeout=180)
             try:
-                result = run(str(cp.kubeconfig), args.engines, args.groups, args.ranks, args.resync,
-                             args.workers, args.drain_seconds)
+                result = run(
+                    str(cp.kubeconfig),
+                    args.engines,
+                    args.groups,
+                    args.ranks,
+                    args.resync,
+                    args.workers,
+                    args.drain_seconds,
+                )
             finally:
                 cp.stop()
     print(table(result))
