@@ -8,4 +8,7 @@ for root in ("contract", "engine", "router", "operator", "cli", "devcluster"):
         packages.append(pkg)
         package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir, package_data={"": ["*.yaml", "*.json", "*.jinja", "*.c", "*.h", "*.sh"]})
+# Data files the packages read at run time: CRD and chart inputs, templates, the CPU kernels'
+# C sources, the dev cluster's build script.
+DATA = ["*.yaml", "*.json", "*.jinja", "*.c", "*.h", "*.sh"]
+setup(packages=packages, package_dir=package_dir, package_data={"": DATA})
