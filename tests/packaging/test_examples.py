@@ -47,20 +47,28 @@ def stored(obj: dict, namespace: str = "default") -> dict:
     return body
 
 
+def engines_in(path) -> list[dict]:
+    """The InferenceEngines of an example file (some also hold the built-in objects they use)."""
+    return [o for o in load_all(path) if o.get("kind") == "InferenceEngine"]
+
+
 def test_examples_cover_the_documented_cases():
     names = {p.name for p in ENGINE_FILES}
-    assert {"cpu-single.yaml", "tp2-two-nodes.yaml", "drain.yaml", "gpu.yaml"} <= names
-    by_name = {p.name: load_all(p)[0]["spec"] for p in ENGINE_FILES}
+    assert {"cpu-single.yaml", "tp2-two-nodes.yaml", "drain.yaml", "gpu.yaml",
+            "gpu-production.yaml"} <= names
+    by_name = {p.name: engines_in(p)[0]["spec"] for p in ENGINE_FILES}
     assert by_name["tp2-two-nodes.yaml"]["tensorParallelSize"] == 2
     assert by_name["tp2-two-nodes.yaml"]["nodesPerGroup"] == 2
     assert by_name["drain.yaml"]["shutdown"]["timeoutSeconds"] > 0
     assert "nvidia.com/gpu" in by_name["gpu.yaml"]["engine"]["resources"]["limits"]
+    for gpu in ("gpu.yaml", "tp2-two-nodes.yaml", "gpu-production.yaml"):  # GPU pools: tainted
+        assert by_name[gpu]["engine"]["template"]["spec"]["tolerations"], gpu
 
 
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: p.name)
 def test_example_inferenceengine_matches_the_crd_schema(path):
-    for obj in load_all(path):
-        assert obj["apiVersion"] == "shoal.dev/v1alpha1" and obj["kind"] == "InferenceEngine"
+    for obj in engines_in(path):
+        assert obj["apiVersion"] == "shoal.dev/v1alpha1"
         assert schema_errors(obj) == []
         assert schema_errors(with_defaults(obj, crd_schema())) == []
 
@@ -105,7 +113,7 @@ def test_children_rendered_from_example_are_valid_kubernetes(path):
     from shoal.operator.render import render_children
     from shoal.operator.spec import parse
 
-    for obj in load_all(path):
+    for obj in engines_in(path):
         body = stored(obj)
         children = render_children(*parse(body))
         spec = body["spec"]
@@ -127,7 +135,7 @@ def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
     from shoal.operator.render import render_children
     from shoal.operator.spec import parse
 
-    for obj in load_all(path):
+    for obj in engines_in(path):
         body = stored(obj)
         if body["spec"]["runtime"] != "Shoal":
             continue  # stock `vllm serve` parses these
@@ -139,3 +147,33 @@ def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
                 build_parser().parse_args(args[1:])
             except SystemExit:
                 pytest.fail(f"{path.name}: `shoal {' '.join(args)}` is refused by shoal serve")
+
+
+def test_the_production_example_places_its_pods_and_keeps_the_operators_parts():
+    """examples/gpu-production.yaml: the GPU pool's label and taint, zone spreading and the
+    pvc:// model reach every engine pod; the operator's own PodDisruptionBudget is rendered
+    (the example has none of its own); and its spec has no problem the operator would report."""
+    from shoal.operator.render import render_children
+    from shoal.operator.spec import parse
+    from shoal.operator.validation import spec_problems
+
+    (obj,) = engines_in(EXAMPLES / "gpu-production.yaml")
+    body = stored(obj)
+    ref, spec = parse(body)
+    assert spec_problems(ref.name, spec) == []
+    children = render_children(ref, spec)
+    assert [c["kind"] for c in children].count("PodDisruptionBudget") == 1
+    written = obj["spec"]["engine"]["template"]["spec"]
+    for pod in (c for c in children if c["kind"] == "Pod"):
+        pod_spec = pod["spec"]
+        assert pod_spec["nodeSelector"] == written["nodeSelector"]
+        assert pod_spec["tolerations"] == written["tolerations"]
+        assert pod_spec["topologySpreadConstraints"] == written["topologySpreadConstraints"]
+        assert pod_spec["priorityClassName"] == "inference-high"
+        assert {"name": "model", "persistentVolumeClaim": {"claimName": "llm-weights",
+                                                           "readOnly": True}} \
+            in pod_spec["volumes"]
+        (engine,) = pod_spec["containers"]
+        assert engine["args"][:2] == ["serve", "/mnt/models/Qwen2.5-7B-Instruct"]
+    (dep,) = [c for c in children if c["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"node-pool": "cpu"}

@@ -173,3 +173,22 @@ def test_broken_inferenceengine_is_rejected_with_a_clear_message(cli, release, c
             "nothing stored"
     finally:
         cli.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize("model, why", [("hf://Qwen/Qwen2.5-7B-Instruct", "not implemented yet"),
+                                        ("pvc://Bad_Claim/model", "not a claim name")])
+def test_a_bad_model_reference_is_rejected_naming_spec_model(cli, release, control_plane,
+                                                             tmp_path, model, why):
+    ns = control_plane.new_namespace("ie-model")
+    (ie,) = load_all(EXAMPLES / "cpu-single.yaml")
+    ie["spec"]["model"] = model
+    manifest = tmp_path / "bad-model.json"
+    manifest.write_text(json.dumps(ie))
+    try:
+        proc = cli.kubectl("apply", "-n", ns, "-f", manifest)
+        assert proc.returncode != 0, why
+        assert f'The InferenceEngine "{ie["metadata"]["name"]}" is invalid' in proc.stderr
+        assert f'spec.model: Invalid value: "{model}": spec.model in body should match' \
+            in proc.stderr, proc.stderr
+    finally:
+        cli.kubectl("delete", "namespace", ns, "--wait=false")
