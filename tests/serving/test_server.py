@@ -389,3 +389,36 @@ def test_the_api_server_process_does_not_load_torch(server):
     engine = [m.path for m in psutil.Process(server.engine_pid()).memory_maps()]
     assert any("libtorch" in p for p in engine)
     assert not any("libtorch" in p for p in frontend)
+
+
+def test_a_vllm_manifests_key_and_generation_config_are_honoured(tiny_model, tmp_path):
+    """`VLLM_API_KEY` alone guards /v1 (it was served open), and the model's
+    generation_config.json sampling values are the defaults, logged once at start-up."""
+    from pathlib import Path
+
+    from support.servers import ServeProcess
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in Path(tiny_model).iterdir():
+        if f.name != "generation_config.json":
+            (model / f.name).symlink_to(f)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [1, 4], "temperature": 0.0, "max_new_tokens": 4}))
+    env = {"VLLM_API_KEY": "vllm-key", "SHOAL_API_KEY": ""}
+    s = ServeProcess(str(model), tmp_path, env=env)
+    try:
+        s.wait_healthy()
+        assert httpx.get(f"{s.url}/v1/models").status_code == 401
+        auth = {"Authorization": "Bearer vllm-key"}
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                "ignore_eos": True}
+        texts = [httpx.post(f"{s.url}/v1/chat/completions", json=body, headers=auth,
+                            timeout=60).json() for _ in range(2)]
+        assert all(t["usage"]["completion_tokens"] == 4 for t in texts)  # max_new_tokens
+        assert texts[0]["choices"][0]["message"] == texts[1]["choices"][0]["message"]  # greedy
+        log = s.log()
+        assert log.count("default sampling parameters from the model's generation_config") == 1
+        assert "temperature=0.0, max_tokens=4" in log and "API key: 1 accepted" in log
+    finally:
+        assert s.stop() == 0
