@@ -51,23 +51,7 @@ def admin_router(s: Serving) -> APIRouter:
         rotation)."""
         return health_response()
 
-    @router.get("/ping", response_class=PlainTextResponse, responses={
-        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
-    @router.post("/ping", response_class=PlainTextResponse, responses={
-        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
-    async def ping():
-        """SageMaker's health check: /health's answer (vLLM's /ping)."""
-        return health_response()
-
-    if os.environ.get(DEV_MODE_ENV, "0") not in ("", "0"):
-        logger.warning("%s is set: development endpoints (/reset_prefix_cache) are enabled",
-                       DEV_MODE_ENV)
-
-        @router.post("/reset_prefix_cache")
-        async def reset_prefix_cache():
-            """Forget every cached prefix (vLLM's dev endpoint); false while a request holds
-            blocks."""
-            return {"success": bool(await llm.call_utility("reset_prefix_cache"))}
+    _add_vllm_extras(router, llm, health_response)
 
     @router.get("/version")
     async def version():
@@ -102,3 +86,25 @@ def admin_router(s: Serving) -> APIRouter:
         return {"prompt": llm.tokenizer.decode(body.tokens)}
 
     return router
+
+
+def _add_vllm_extras(router: APIRouter, llm, health_response) -> None:
+    """SageMaker's /ping, and vLLM's development-mode /reset_prefix_cache."""
+
+    @router.get("/ping", response_class=PlainTextResponse, responses={
+        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
+    @router.post("/ping", response_class=PlainTextResponse, responses={
+        200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})
+    async def ping():
+        """SageMaker's health check: /health's answer (vLLM's /ping)."""
+        return health_response()
+
+    if os.environ.get(DEV_MODE_ENV, "0") not in ("", "0"):
+        logger.warning("%s is set: development endpoints (/reset_prefix_cache) are enabled",
+                       DEV_MODE_ENV)
+
+        @router.post("/reset_prefix_cache")
+        async def reset_prefix_cache():
+            """Forget every cached prefix (vLLM's dev endpoint); false while a request holds
+            blocks."""
+            return {"success": bool(await llm.call_utility("reset_prefix_cache"))}
