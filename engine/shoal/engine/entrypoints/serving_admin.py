@@ -22,17 +22,22 @@ logger = logging.getLogger("shoal.engine.api")
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
+def _health(llm):
+    """/health's (and /ping's) answer: 200 empty while admitting, else 503 with the reason."""
+    if llm.dead_error is not None:
+        return error_response(503, str(llm.dead_error), "EngineDeadError")
+    if not llm.is_healthy:
+        return error_response(503, "the server is shutting down", "ServiceUnavailableError",
+                              retry_after=RETRY_AFTER_S)
+    return PlainTextResponse("")
+
+
 def admin_router(s: Serving) -> APIRouter:
     router = APIRouter()
     llm = s.llm
 
     def health_response():
-        if llm.dead_error is not None:
-            return error_response(503, str(llm.dead_error), "EngineDeadError")
-        if not llm.is_healthy:
-            return error_response(503, "the server is shutting down", "ServiceUnavailableError",
-                                  retry_after=RETRY_AFTER_S)
-        return PlainTextResponse("")
+        return _health(llm)
 
     @router.get("/v1/models", responses=error_responses(401))
     async def models():
