@@ -16,7 +16,7 @@ import types
 
 import pytest
 from fastapi.testclient import TestClient
-from shoal.engine.entrypoints.api_key import api_keys
+from shoal.contract.auth import api_keys
 from shoal.engine.entrypoints.api_server import build_app
 from shoal.engine.entrypoints.serve_flags import build_parser
 from shoal.engine.entrypoints.tool_calls import closed_objects

@@ -11,6 +11,7 @@ Modules:
 - `routing`: routing policy names and the environment that selects them.
 - `termination`: the termination message a dying engine writes and the operator reads.
 - `env`: the environment the operator sets in engine pods for the engine to read.
+- `auth`: which API keys a server accepts (flag, `SHOAL_API_KEY`, `VLLM_API_KEY`) and the check.
 
 Components import each other only through this package (enforced by import-linter,
 `[tool.importlinter]` in pyproject.toml).

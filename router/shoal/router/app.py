@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract import __version__
+from shoal.contract.auth import KeyCheck
 from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING
 from shoal.router import k8s_discovery
 from shoal.router.affinity import make_affinity, request_keys
@@ -40,12 +41,12 @@ def model_list(models: list[tuple[str, str]], created: int) -> dict:
 
 class Router:
     def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
-                 default_model: str | None, api_key: str | None, cooldown: float,
+                 default_model: str | None, api_keys: list[str], cooldown: float,
                  poll_interval: float, probe_interval: float,
                  routing: str = DEFAULT_ROUTING, imbalance: int = DEFAULT_IMBALANCE) -> None:
         self.served_model_names = served_model_names
         self.default_model = default_model
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.metrics = RouterMetrics()
         self.affinity = make_affinity(routing, imbalance)
         self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity)
@@ -108,10 +109,11 @@ class Unauthorized(Exception):
 Forward = Callable[[Request, str, bytes], Awaitable[Response]]
 
 
-def common_app(title: str, lifespan, api_key: str | None,
+def common_app(title: str, lifespan, api_keys: list[str],
                forward: Forward) -> tuple[FastAPI, object]:
     """A FastAPI app with the routers' error handlers, the PROXIED routes (each handed to
     `forward(request, path, body)` after the API key check) and /version; and the key check."""
+    keys = KeyCheck(api_keys)
     app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
 
@@ -127,7 +129,7 @@ def common_app(title: str, lifespan, api_key: str | None,
         return error_response(exc.status_code, str(exc.detail), kind)
 
     def check_key(request: Request) -> None:
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        if not keys.accepts(request.headers.get("authorization")):
             raise Unauthorized()
 
     def proxied(path: str, protected: bool):
@@ -154,7 +156,7 @@ def build_app(router: Router) -> FastAPI:
         return await router.proxy.forward(request, path, body,
                                           prefix=request_keys(router.affinity, body))
 
-    app, check_key = common_app("shoal router", router.lifespan, router.api_key, forward)
+    app, check_key = common_app("shoal router", router.lifespan, router.api_keys, forward)
     app.state.router = router
 
     @app.get("/v1/models")

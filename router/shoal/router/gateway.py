@@ -28,6 +28,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from shoal.contract import auth
 from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
 from shoal.router import aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
@@ -46,10 +47,10 @@ logger = logging.getLogger("shoal.gateway")
 
 class Gateway:
     def __init__(self, *, namespaces: list[str], discovery_dir: str | None,
-                 kube: tuple[str, Path, Path] | None, api_key: str | None, routing: str,
+                 kube: tuple[str, Path, Path] | None, api_keys: list[str], routing: str,
                  imbalance: int = IMBALANCE, cooldown: float = COOLDOWN_S,
                  poll_interval: float = 1.0, probe_interval: float = PROBE_INTERVAL_S) -> None:
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.routing = routing
         self.metrics = RouterMetrics()
         self.affinity = make_affinity(routing, imbalance)
@@ -116,7 +117,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
                                       prefix=request_keys(gw.affinity, body))
 
-    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_key, forward)
+    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_keys, forward)
     app.state.gateway = gw
 
     @app.get("/v1/models")
@@ -167,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-imbalance", type=int, default=IMBALANCE,
                    help="prefix-affinity: a prefix's group keeps it while its outstanding "
                         "requests exceed the least-loaded group's by at most this many")
-    p.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
+                        "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
+                        "$VLLM_API_KEY, each one set")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                      "--kube-server) with --namespace or $POD_NAMESPACE")
     kube = (server, Path(args.kube_token_file), Path(args.kube_ca_file)) if server else None
     gw = Gateway(namespaces=namespaces if kube else [], discovery_dir=args.discovery_dir,
-                 kube=kube, api_key=args.api_key, routing=args.routing,
+                 kube=kube, api_keys=auth.api_keys(args.api_key, os.environ), routing=args.routing,
                  imbalance=args.prefix_imbalance,
                  cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
                  poll_interval=float(os.environ.get(POLL_ENV, 1.0)),

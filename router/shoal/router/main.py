@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from shoal.contract import discovery
+from shoal.contract import auth, discovery
 from shoal.contract.routing import DEFAULT_ROUTING, IMBALANCE_ENV, ROUTING_ENV
 from shoal.router.affinity import IMBALANCE, make_affinity
 
@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the served name)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (env SHOAL_API_KEY)")
+    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
+                        "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
+                        "$VLLM_API_KEY, each one set")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -122,7 +124,7 @@ def run_router(args) -> int:
         return 2
     router = Router(
         args.engine_discovery_file, served_model_names=args.served_model_name,
-        default_model=args.model, api_key=args.api_key,
+        default_model=args.model, api_keys=auth.api_keys(args.api_key, os.environ),
         cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
         poll_interval=float(os.environ.get(POLL_ENV, POLL_INTERVAL_S)),
         probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)),

@@ -243,7 +243,7 @@ async def _announce(server, args, names: list[str], started: float) -> None:
 
 
 async def _serve(llm, args, names: list[str], started: float, defaults: dict) -> int:
-    from shoal.engine.entrypoints.api_key import api_keys
+    from shoal.contract.auth import api_keys
     from shoal.engine.entrypoints.api_server import build_app
     from shoal.engine.entrypoints.tool_calls import ToolSettings
 
