@@ -10,10 +10,10 @@ is rejected with a message that names the field and the bound.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from packaging_support import CHART, DATA, EXAMPLES, example_engines, load_all, run
+from packaging_support import CHART, DATA, EXAMPLES, example_engines, load_all
+from support.k8s_tools import KubeCli
 from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -21,30 +21,9 @@ pytestmark = pytest.mark.k8s
 CRD_NAME = "inferenceengines.shoal.dev"
 
 
-class Cli:
-    """helm and kubectl pointed at the control plane, with their caches in a temp dir."""
-
-    def __init__(self, tools, control_plane, home):
-        self.tools, self.cp = tools, control_plane
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": control_plane.kubeconfig,
-            "HELM_CONFIG_HOME": str(home / "helm-config"),
-            "HELM_CACHE_HOME": str(home / "helm-cache"),
-            "HELM_DATA_HOME": str(home / "helm-data"),
-        }
-        self.cache = home / "kube-cache"
-
-    def helm(self, *args):
-        return run([self.tools.helm, *args], env=self.env)
-
-    def kubectl(self, *args):
-        return run([self.tools.kubectl, "--cache-dir", self.cache, *args], env=self.env)
-
-    def get_json(self, *args):
-        proc = self.kubectl("get", *args, "-o", "json")
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+class Cli(KubeCli):
+    """helm and kubectl pointed at the control plane (caches in a temp dir); the tests read
+    each command's exit code themselves."""
 
     def of_release(self, kind: str, release: str, *args) -> dict:
         """The one operator object of `kind` that the release made (selected by its instance and
@@ -57,7 +36,8 @@ class Cli:
 
 @pytest.fixture(scope="module")
 def cli(k8s_tools, control_plane, tmp_path_factory):
-    return Cli(k8s_tools, control_plane, tmp_path_factory.mktemp("k8s-cli"))
+    return Cli(k8s_tools, control_plane.kubeconfig, tmp_path_factory.mktemp("k8s-cli"),
+               check=False)
 
 
 def _triples(rules):

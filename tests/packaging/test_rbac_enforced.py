@@ -9,7 +9,6 @@ uses, the reconcile below would not finish and the operator's log would show the
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,8 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from packaging_support import CHART, EXAMPLES, run
+from packaging_support import CHART, EXAMPLES
 from support.control_plane import cpmod
+from support.k8s_tools import KubeCli
 from support.wait import wait_for
 
 pytestmark = pytest.mark.k8s
@@ -65,28 +65,10 @@ def rbac_plane(tmp_path_factory, control_plane):
     cp.stop()
 
 
-class Env:
+class Env(KubeCli):
     def __init__(self, cp, tools, home: Path):
-        self.cp, self.tools, self.home = cp, tools, home
-        self.env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-                    "HELM_CONFIG_HOME": str(home / "hc"), "HELM_CACHE_HOME": str(home / "hk"),
-                    "HELM_DATA_HOME": str(home / "hd")}
-
-    def helm(self, *args):
-        proc = run([self.tools.helm, *args], env=self.env)
-        assert proc.returncode == 0, \
-            f"helm {' '.join(map(str, args))}:\n{proc.stdout}\n{proc.stderr}"
-        return proc
-
-    def kubectl(self, *args, check=True):
-        proc = run([self.tools.kubectl, "--cache-dir", self.home / "kc", *args], env=self.env)
-        assert not check or proc.returncode == 0, \
-            f"kubectl {' '.join(map(str, args))}: {proc.stderr}"
-        return proc
-
-    def get(self, *args):
-        proc = self.kubectl("get", *args, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
+        super().__init__(tools, cp.kubeconfig, home)
+        self.cp = cp
 
     def sa_kubeconfig(self, release_ns: str) -> Path:
         path = self.home / f"{release_ns}.kubeconfig"

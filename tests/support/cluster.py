@@ -26,7 +26,7 @@ import pytest
 from shoal.devcluster import demo
 from shoal.devcluster.images import ENGINE_TAG as ENGINE_IMAGE
 from shoal.devcluster.layout import MODEL_HOST_DIR, logs_dir
-from support.k8s_tools import ensure_k8s_tools
+from support.k8s_tools import KubeCli, ensure_k8s_tools
 from support.models import ensure_model
 
 DEVCLUSTER = (sys.executable, "-m", "shoal.devcluster")
@@ -72,25 +72,18 @@ class Cluster:
         self.kubeconfig = state["kubeconfig"]
         self.logs = Path(state["logs"])
         self.tools = ensure_k8s_tools()
-        self.env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        self.cli = KubeCli(self.tools, self.kubeconfig)
+        self.env = self.cli.env
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
                 input: str | None = None) -> subprocess.CompletedProcess:
-        res = subprocess.run([str(self.tools.kubectl), *args], env=self.env, capture_output=True,
-                             text=True, timeout=timeout, input=input)
-        if check and res.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
-        return res
+        return self.cli.kubectl(*args, check=check, timeout=timeout, input=input)
 
     def helm(self, *args: str, timeout: float = 300) -> str:
-        res = subprocess.run([str(self.tools.helm), *args], env=self.env, capture_output=True,
-                             text=True, timeout=timeout)
-        if res.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed: {res.stderr.strip()}")
-        return res.stdout
+        return self.cli.helm(*args, timeout=timeout).stdout
 
     def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+        return self.cli.get_json(*args)
 
     def api_client(self):
         from kubernetes import config

@@ -12,6 +12,7 @@ atomic (unpack into a temp dir, then rename) so a half-written binary is never u
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -109,6 +110,52 @@ def ensure_k8s_tools() -> K8sTools:
     if not found:
         raise RuntimeError(f"kubectl/helm missing from {root} after install")
     return found
+
+
+class KubeCli:
+    """kubectl and helm pointed at one cluster: the suite's one wrapper for both.
+
+    `home`, when given, holds kubectl's discovery cache and helm's config, cache and data (one
+    per test module, so modules never share helm's state). `check` is the default for every
+    call: a failed command raises AssertionError naming it and its stderr; with check=False the
+    caller reads the returned CompletedProcess itself."""
+
+    def __init__(self, tools: K8sTools, kubeconfig: str | Path, home: Path | None = None,
+                 check: bool = True) -> None:
+        self.tools, self.kubeconfig, self.home, self.check = tools, str(kubeconfig), home, check
+        self.env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        if home is not None:
+            self.env.update(HELM_CONFIG_HOME=str(home / "helm-config"),
+                            HELM_CACHE_HOME=str(home / "helm-cache"),
+                            HELM_DATA_HOME=str(home / "helm-data"))
+
+    def _run(self, argv: list, check: bool | None, timeout: float,
+             input: str | None = None) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(a) for a in argv], env=self.env, capture_output=True,
+                             text=True, timeout=timeout, input=input)
+        if (self.check if check is None else check) and res.returncode != 0:
+            shown = " ".join(str(a) for a in argv[1:])
+            raise AssertionError(f"{Path(argv[0]).name} {shown} failed:\n{res.stdout[-2000:]}"
+                                 f"\n{res.stderr.strip()}")
+        return res
+
+    def kubectl(self, *args, check: bool | None = None, timeout: float = 120,
+                input: str | None = None) -> subprocess.CompletedProcess:
+        cache = ["--cache-dir", self.home / "kube-cache"] if self.home is not None else []
+        return self._run([self.tools.kubectl, *cache, *args], check, timeout, input)
+
+    def helm(self, *args, check: bool | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+        return self._run([self.tools.helm, *args], check, timeout)
+
+    def get(self, *args) -> dict | None:
+        """`kubectl get ... -o json`, None when it fails (e.g. the object does not exist)."""
+        res = self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    def get_json(self, *args) -> dict:
+        """`kubectl get ... -o json`; a failure fails the test."""
+        return json.loads(self.kubectl("get", *args, "-o", "json", check=True).stdout)
 
 
 try:  # fixture for tests; the module is also usable without pytest (scripts, docs)
