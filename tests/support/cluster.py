@@ -26,6 +26,7 @@ import pytest
 from shoal.devcluster import demo
 from shoal.devcluster.images import ENGINE_TAG as ENGINE_IMAGE
 from shoal.devcluster.layout import MODEL_HOST_DIR, logs_dir
+from support.builders import engine
 from support.k8s_tools import KubeCli, ensure_k8s_tools
 from support.models import ensure_model
 
@@ -165,27 +166,20 @@ def pytest_runtest_makereport(item, call):
 def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
                      tensor_parallel: int = 1, shutdown_s: int = 10, extra_args=None,
                      backoff_base: int = 2, max_model_len: int = 1024, **spec) -> dict:
-    """An InferenceEngine serving the project's tiny model from the nodes' hostPath."""
-    body = {
-        "apiVersion": "shoal.dev/v1alpha1", "kind": "InferenceEngine",
-        "metadata": {"name": name},
-        "spec": {
-            "model": f"{MODEL_MOUNT}/shoal-tiny", "servedModelName": "shoal-tiny",
-            "image": ENGINE_IMAGE, "replicas": replicas,
-            "tensorParallelSize": tensor_parallel, "nodesPerGroup": nodes_per_group,
-            "modelVolume": {"mountPath": MODEL_MOUNT,
-                            "volume": {"hostPath": {"path": str(MODEL_HOST_DIR),
-                                                     "type": "Directory"}}},
-            "engine": {"extraArgs": ["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
-                                     *(extra_args or [])],
-                       "startupTimeoutSeconds": 300,
-                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                     "limits": {"memory": "4Gi"}}},
-            "frontend": {"replicas": 1,
-                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}},
-            "shutdown": {"timeoutSeconds": shutdown_s},
-            "restartPolicy": {"backoffBaseSeconds": backoff_base, "backoffMaxSeconds": 30},
-            **spec,
-        },
-    }
-    return body
+    """An InferenceEngine serving the project's tiny model from the nodes' hostPath (built with
+    the suite's one builder, support.builders)."""
+    return (engine(name, namespace=None)
+            .set(model=f"{MODEL_MOUNT}/shoal-tiny", servedModelName="shoal-tiny",
+                 image=ENGINE_IMAGE)
+            .groups(replicas).ranks(nodes_per_group, tp=tensor_parallel).drain(shutdown_s)
+            .model_volume(MODEL_MOUNT, {"hostPath": {"path": str(MODEL_HOST_DIR),
+                                                     "type": "Directory"}})
+            .engine(extraArgs=["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
+                               *(extra_args or [])],
+                    startupTimeoutSeconds=300,
+                    resources={"requests": {"cpu": "100m", "memory": "256Mi"},
+                               "limits": {"memory": "4Gi"}})
+            .frontend(replicas=1, resources={"requests": {"cpu": "50m", "memory": "64Mi"}})
+            .restart(backoffBaseSeconds=backoff_base, backoffMaxSeconds=30)
+            .set(**spec)
+            .manifest())
