@@ -72,9 +72,11 @@ class FastTokenizer:
         return _clean_up_spaces(text) if self.clean_up_tokenization_spaces else text
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True, tools: list[dict] | None = None):
+                            tokenize: bool = True, tools: list[dict] | None = None,
+                            **template_kwargs):
         """`tools` (OpenAI tool objects) reach the template as `tools`, as transformers passes
-        them; a template that does not use them renders as without."""
+        them; a template that does not use them renders as without. `template_kwargs` are
+        further template variables (a request's chat_template_kwargs), below the named ones."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use /v1/completions")
         if self._template is None:
@@ -87,9 +89,9 @@ class FastTokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
             self._template = env.from_string(self.chat_template)
-        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                     tools=tools)
+        text = self._template.render({
+            **template_kwargs, "messages": messages, "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "", "eos_token": self.eos_token or "", "tools": tools})
         if not tokenize:
             return text
         return self(text, add_special_tokens=False).input_ids

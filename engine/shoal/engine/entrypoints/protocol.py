@@ -24,6 +24,8 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -165,6 +167,31 @@ class _Sampling(_Strict):
     guided_grammar: str | None = None
     # vLLM's extension: logprobs of every prompt token after the first, with N alternatives.
     prompt_logprobs: StrictInt | None = None
+    # vLLM's: the request's id (the response's id is "chatcmpl-"/"cmpl-" + it; X-Request-Id
+    # wins), and keeping only N prompt tokens (-1: the most that leaves room to generate;
+    # truncation_side "left", vLLM's default for generation, keeps the last N).
+    request_id: str | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # vLLM's defaults, the only values implemented: the detokenizer puts spaces between special
+    # tokens; no beam search, so no length penalty.
+    spaces_between_special_tokens: Annotated[bool, _only(True)] = True
+    length_penalty: Annotated[float, _only(1.0)] = 1.0
+
+    def truncated(self, ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt after truncate_prompt_tokens, as vLLM's TokenizeParams truncates it."""
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return ids
+        if keep > max_model_len:
+            raise InvalidRequestError(
+                f"truncate_prompt_tokens={keep} cannot be greater than max_total_tokens = "
+                f"{max_model_len}. Please request a smaller truncation size.")
+        if keep < 0:
+            keep = max(0, max_model_len - 1)
+        if keep >= len(ids):
+            return ids
+        return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
 
     def logprob_fields(self, max_logprobs: int) -> dict[str, Any]:
         """SamplingParams.logprobs / prompt_logprobs from this body; 400 naming a bad field."""
@@ -263,6 +290,19 @@ class ChatMessage(_Strict):
     tool_calls: list[dict] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    # A replayed assistant turn: its reasoning (vLLM 0.32's `reasoning`, or the older
+    # `reasoning_content`) reaches the template under both names, as vLLM passes it (Qwen3's
+    # template reads reasoning_content); a refusal is OpenAI's bookkeeping, not rendered.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+
+    @field_validator("reasoning", "reasoning_content", "refusal")
+    @classmethod
+    def _assistant_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("role") != "assistant":
+            raise PydanticCustomError(NOT_IMPLEMENTED_VALUE, "only on assistant messages")
+        return value
 
     def template_dict(self) -> dict:
         """The message as the chat template gets it (tool fields only when set)."""
@@ -270,6 +310,9 @@ class ChatMessage(_Strict):
         for key in ("tool_calls", "tool_call_id", "name"):
             if getattr(self, key) is not None:
                 msg[key] = getattr(self, key)
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if self.role == "assistant" and reasoning is not None:
+            msg["reasoning"] = msg["reasoning_content"] = reasoning
         return msg
 
     def text(self) -> str:
@@ -292,6 +335,11 @@ class ChatCompletionRequest(_Sampling):
     separate_reasoning: Annotated[bool, _only(True)] = True
     stream_reasoning: Annotated[bool, _only(True)] = True
     include_reasoning: Annotated[bool, _only(True)] = True
+    # Extra variables for the chat template (Qwen3's enable_thinking); reasoning_effort reaches
+    # it too, and sets enable_thinking (false for "none") unless the kwargs say, as vLLM does.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -309,6 +357,18 @@ class ChatCompletionRequest(_Sampling):
     def check_supported(self) -> None:
         if self.max_completion_tokens is not None:  # it wins over max_tokens, as in vLLM
             self.max_tokens = self.max_completion_tokens
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets besides messages and tools (vLLM's build_chat_params);
+        `chat_template` and `tokenize` are not template variables (400, as vLLM)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if bad := sorted({"chat_template", "tokenize"} & kwargs.keys()):
+            raise InvalidRequestError(
+                f"Found unexpected chat template kwargs from request: {bad}")
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+            kwargs["reasoning_effort"] = self.reasoning_effort
+        return kwargs
 
 
 class TokenizeRequest(_Strict):

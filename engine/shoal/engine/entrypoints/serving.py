@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -149,6 +150,17 @@ class Serving:
     def ensure_available(self) -> None:
         self.llm._check_available()
 
+    @staticmethod
+    def request_id(request: Request, body, prefix: str) -> str:
+        """vLLM's response id: `prefix` + the X-Request-Id header, else the body's request_id,
+        else a random one (the engine's ids add a suffix, so reused ids stay distinct)."""
+        given = request.headers.get("X-Request-Id") or body.request_id
+        return f"{prefix}{given if given is not None else uuid.uuid4().hex}"
+
+    def prompt_of(self, body, ids: list[int]) -> list[int]:
+        """The prompt after the body's truncate_prompt_tokens (vLLM's semantics and errors)."""
+        return body.truncated(ids, self.llm.input_processor.max_model_len)
+
     def start_choices(self, prompts: list[list[int]], params: SamplingParams, n: int,
                       request_id: str) -> list[AsyncIterator[RequestOutput]]:
         """One engine request per (prompt, choice); seeds step by choice, as vLLM's do."""
@@ -207,7 +219,9 @@ class Serving:
             async for i, out in merged_choices(gens):
                 completion[i] = out.num_output_tokens
                 if out.text or out.finished or out.logprobs:  # logprobs: even without text
-                    yield framed(i, make_chunk(i, out))
+                    obj = make_chunk(i, out)
+                    if obj is not None:  # None: nothing to send (a lone reasoning token)
+                        yield framed(i, obj)
             if include_usage:
                 yield sse(make_chunk(None, None, usage=usage(sum(n_prompt), sum(completion))))
         except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band

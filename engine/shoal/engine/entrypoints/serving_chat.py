@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from shoal.engine.entrypoints import logprobs_format, structured_request
 from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_json, error_responses
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest, usage_flags
+from shoal.engine.entrypoints.reasoning import ReasoningParser, ReasoningStream
 from shoal.engine.entrypoints.serving import (
     Collected,
     Serving,
@@ -49,6 +50,8 @@ def _finish(reason: str | None, has_calls: bool) -> str | None:
 def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRouter:
     router = APIRouter()
     settings = tool_settings or ToolSettings()
+    reasoner = (ReasoningParser.load(settings.reasoning_parser, s.llm.tokenizer)
+                if settings.reasoning_parser else None)
 
     @router.post("/v1/chat/completions", responses=error_responses(*GENERATION_ERRORS))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -56,29 +59,66 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         body.check_supported()
         plan = plan_tools(body, settings)
         s.ensure_available()
-        prompt = s.llm.input_processor.render_chat(
+        kwargs = body.template_kwargs()
+        prompt = s.prompt_of(body, s.llm.input_processor.render_chat(
             [m.template_dict() for m in body.messages], body.add_generation_prompt,
-            tools=plan.template_tools if plan else None)
+            tools=plan.template_tools if plan else None, template_kwargs=kwargs))
         params = _chat_params(s, body, plan)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        think = _Thinking(reasoner, reasoner is not None and reasoner.thinks(kwargs))
+        think.check(params)
+        request_id = s.request_id(request, body, "chatcmpl-")
         gens = s.start_choices([prompt], params, body.n, request_id)
         n_prompt = [len(prompt)] * body.n
         head = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": s.model_name}
         if plan is not None and plan.mode != "none":
             if body.stream:
-                return StreamingResponse(_tool_stream(s, body, plan, gens, head, n_prompt),
-                                         media_type="text/event-stream")
-            return await _tool_response(request, plan, gens, head, n_prompt)
+                return StreamingResponse(
+                    _tool_stream(s, body, plan, gens, head, n_prompt, think),
+                    media_type="text/event-stream")
+            return await _tool_response(request, plan, gens, head, n_prompt, think)
         if body.stream:
-            return _text_stream(s, body, gens, head, n_prompt, prompt)
+            return _text_stream(s, body, gens, head, n_prompt, prompt, think)
         wants = body.logprobs or body.prompt_logprobs is not None or body.return_token_ids
         return await s.respond(request, gens, n_prompt, head,
-                               lambda text: {"message": {"role": "assistant", "content": text}},
+                               lambda text: {"message": think.message(text)},
                                add_logprobs=_response_filler(body, prompt) if wants else None)
 
     s.endpoints['chat'] = (ChatCompletionRequest, chat_completions)
     return router
+
+
+@dataclass(frozen=True)
+class _Thinking:
+    """One request's reasoning split (reasoning.py): the server's parser, and whether this
+    request thinks (qwen3's enable_thinking); without a parser, content is the whole text."""
+
+    parser: ReasoningParser | None
+    on: bool
+
+    def check(self, params) -> None:
+        if self.parser is not None and self.on and params.structured_outputs is not None:
+            raise InvalidRequestError(
+                "structured output (response_format, structured_outputs, guided_*, forced "
+                "tool_choice) is not implemented with --reasoning-parser while the model "
+                "thinks: the grammar would apply from the first token, not after the "
+                "reasoning. Send chat_template_kwargs {\"enable_thinking\": false} (qwen3) "
+                "or serve without --reasoning-parser.")
+
+    def split(self, text: str) -> tuple[str | None, str | None]:
+        if self.parser is None:
+            return None, text
+        return self.parser.split(text, self.on)
+
+    def message(self, text: str) -> dict:
+        reasoning, content = self.split(text)
+        message = {"role": "assistant", "content": content}
+        if self.parser is not None:
+            message["reasoning"] = reasoning
+        return message
+
+    def streams(self, n: int) -> list[ReasoningStream] | None:
+        return None if self.parser is None else [self.parser.stream(self.on) for _ in range(n)]
 
 
 def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None):
@@ -98,11 +138,13 @@ def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None)
 
 
 def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
-                 n_prompt: list[int], prompt: list[int]) -> StreamingResponse:
-    """SSE of a chat answer without tool calls: the role delta first, then content deltas.
-    With return_token_ids, vLLM's shape: the first chunk carries `prompt_token_ids`, each
-    delta its `token_ids`."""
+                 n_prompt: list[int], prompt: list[int], think: _Thinking) -> StreamingResponse:
+    """SSE of a chat answer without tool calls: the role delta first, then content deltas
+    (with a reasoning parser, `reasoning` and `content` deltas as vLLM splits them). With
+    return_token_ids, vLLM's shape: the first chunk carries `prompt_token_ids`, each delta its
+    `token_ids`."""
     base = {**head, "object": "chat.completion.chunk"}
+    reasoning = think.streams(len(gens))
 
     def chunk(i, out, usage=None, delta=None):
         obj = {**base, "choices": []}
@@ -110,8 +152,14 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
             obj["usage"] = usage
             return obj
         lp = None
-        if delta is None:
-            delta = {"content": out.text} if out.text else {}
+        if out is not None:
+            if reasoning is None:
+                delta = {"content": out.text} if out.text else {}
+            else:
+                delta = reasoning[i].feed(out.text, out.token_ids) if out.text else {}
+                if delta is None and not out.finished:  # a lone think token: nothing sent
+                    return None
+                delta = delta or {}
             if body.logprobs:
                 lp = logprobs_format.chat_logprobs(out.logprobs or [])
         obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
@@ -151,18 +199,22 @@ def _response_filler(body: ChatCompletionRequest, prompt: list[int]):
 
 
 async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
-                         n_prompt: list[int]) -> Response:
+                         n_prompt: list[int], think: _Thinking) -> Response:
     c = await until_disconnect(request, collect(gens))
     if c is None:
         return Response(status_code=499)
     choices = []
-    for i, text in enumerate(c.texts):
+    for i, whole in enumerate(c.texts):
+        reasoning, text = think.split(whole)  # tool calls are read after the reasoning
+        text = text or ""
         content, calls = calls_in(plan, text)
         if c.finish[i] != "stop" and plan.mode == "auto":  # free text cut short: as written
             content, calls = text, []
         # A forced call ("required", named) cut short keeps its calls with the arguments so far
         # (not JSON), and finish_reason says "length": as OpenAI answers, never plain text.
         message: dict = {"role": "assistant", "content": content or None}
+        if think.parser is not None:
+            message["reasoning"] = reasoning
         if calls:
             message["tool_calls"] = message_tool_calls(calls)
         logger.info("%s: choice %d: %d tool calls (%s)", head["id"], i, len(calls), plan.mode)
@@ -173,8 +225,10 @@ async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
                          "usage": usage(sum(n_prompt), sum(c.completion_tokens))})
 
 
-async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_prompt: list[int]):
-    """SSE with tool-call deltas; the same framing as Serving.stream_events."""
+async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_prompt: list[int],
+                       think: _Thinking):
+    """SSE with tool-call deltas (after the reasoning deltas, with a reasoning parser); the
+    same framing as Serving.stream_events."""
     include_usage, continuous = usage_flags(body.stream_options)
     base = {**head, "object": "chat.completion.chunk"}
 
@@ -186,13 +240,20 @@ async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_pro
         return sse(obj)
 
     streams = [ToolCallStream(plan) for _ in gens]
+    reasoning = think.streams(len(gens))
     completion = [0] * len(gens)
     try:
         for i in range(len(gens)):
             yield chunk(i, {"role": "assistant", "content": ""})
         async for i, out in merged_choices(gens):
             completion[i] = out.num_output_tokens
-            for delta in streams[i].feed(out.text, final=out.finished):
+            text = out.text
+            if reasoning is not None and text:
+                split = reasoning[i].feed(text, out.token_ids) or {}
+                if split.get("reasoning"):
+                    yield chunk(i, {"reasoning": split["reasoning"]})
+                text = split.get("content") or ""
+            for delta in streams[i].feed(text, final=out.finished):
                 yield chunk(i, delta)
             if out.finished:
                 yield chunk(i, {}, _finish(out.finish_reason, streams[i].num_calls > 0),

@@ -24,6 +24,7 @@ def completions_router(s: Serving) -> APIRouter:
         body.check_supported()
         s.ensure_available()
         job = _CompletionJob.start(s, body)
+        job.request_id = s.request_id(request, body, "cmpl-")
         params = body.sampling_params(default_max_tokens=16,
                                       max_logprobs=s.llm.config.max_logprobs,
                                       defaults=s.sampling_defaults)
@@ -64,9 +65,11 @@ class _CompletionJob:
     def start(cls, s: Serving, body: CompletionRequest) -> _CompletionJob:
         llm = s.llm
         texts = body.prompts()
-        prompts = [llm.input_processor.tokenize(p) if isinstance(p, str) else list(p)
-                   for p in texts]
-        echo_texts = ([t if isinstance(t, str) else llm.tokenizer.decode(t) for t in texts]
+        prompts = [s.prompt_of(body, llm.input_processor.tokenize(p) if isinstance(p, str)
+                               else list(p)) for p in texts]
+        cut = body.truncate_prompt_tokens is not None  # the echo is the prompt as truncated
+        echo_texts = ([t if isinstance(t, str) and not cut else llm.tokenizer.decode(ids)
+                       for t, ids in zip(texts, prompts, strict=True)]
                       if body.echo else [])
         return cls(body, s.model_name, llm.output_processor.token_string, texts, prompts,
                    echo_texts)

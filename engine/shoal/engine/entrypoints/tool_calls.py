@@ -35,6 +35,8 @@ class ToolSettings:
 
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # --reasoning-parser (reasoning.py): read before the tool calls, which follow the thinking.
+    reasoning_parser: str | None = None
 
 
 @dataclass

@@ -30,9 +30,11 @@ class InputProcessor:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None,
-                    add_special_tokens: bool = False) -> list[int]:
+                    add_special_tokens: bool = False,
+                    template_kwargs: dict | None = None) -> list[int]:
         """The chat template's tokens; `add_special_tokens` adds the tokenizer's own (BOS) on
-        top of what the template writes (vLLM's /tokenize and chat field)."""
+        top of what the template writes (vLLM's /tokenize and chat field); `template_kwargs`:
+        the request's further template variables (chat_template_kwargs, reasoning_effort)."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
                 raise InvalidRequestError(
@@ -40,7 +42,9 @@ class InputProcessor:
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt,
-                tokenize=not add_special_tokens, **({"tools": tools} if tools else {}))
+                tokenize=not add_special_tokens, **({"tools": tools} if tools else {}),
+                **{k: v for k, v in (template_kwargs or {}).items()
+                   if k not in ("messages", "add_generation_prompt", "tools")})
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise InvalidRequestError(f"could not apply the chat template: {exc}") from None
         if add_special_tokens:

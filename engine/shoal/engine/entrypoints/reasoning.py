@@ -1,0 +1,101 @@
+"""`--reasoning-parser` (qwen3, deepseek_r1): the model's `<think>...</think>` leaves the answer's
+`content` and arrives as `reasoning`, the field vLLM 0.32 writes (its ChatMessage and
+DeltaMessage; a replayed assistant message may send it back as `reasoning` or the older
+`reasoning_content`).
+
+Both parsers follow vLLM's: the text before `</think>` is reasoning even without a `<think>`
+(the chat template may have written it into the prompt); `content` is null when nothing follows
+`</think>`; streamed, a delta that is only the start or end token is not sent (vLLM's "skip single
+special tokens"), and a delta that holds `</think>` is split into reasoning and content. qwen3
+also reads the request's `chat_template_kwargs.enable_thinking`: false means no reasoning, the
+whole output is content (vLLM's Qwen3Parser). Streaming decides by token ids, as vLLM does, so
+the ids of `<think>` and `</think>` must be single tokens of the model's vocabulary; a server
+whose tokenizer lacks them fails at start-up, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+START, END = "<think>", "</think>"
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.token_to_id(token)
+    return tokenizer.get_vocab().get(token)  # transformers' tokenizers
+
+
+@dataclass(frozen=True)
+class ReasoningParser:
+    """One server's parser: its name and the ids of the think tokens in its vocabulary."""
+
+    name: str
+    start_id: int
+    end_id: int
+
+    @classmethod
+    def load(cls, name: str, tokenizer) -> ReasoningParser:
+        if name not in REASONING_PARSERS:
+            raise ValueError(f"unknown reasoning parser {name!r}; known: {REASONING_PARSERS}")
+        ids = _token_id(tokenizer, START), _token_id(tokenizer, END)
+        if None in ids:
+            raise ValueError(f"the {name} reasoning parser could not locate {START} / {END} "
+                             "tokens in the model's tokenizer")
+        return cls(name, *ids)
+
+    def thinks(self, template_kwargs: dict | None) -> bool:
+        """False when qwen3's chat template was told enable_thinking=false."""
+        return self.name != "qwen3" or (template_kwargs or {}).get("enable_thinking", True)
+
+    def split(self, text: str, thinking: bool = True) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a whole output: vLLM's extract_reasoning."""
+        if not thinking:
+            return None, text
+        before, start, after = text.partition(START)
+        text = after if start else before
+        if END not in text:
+            return text, None
+        reasoning, _, content = text.partition(END)
+        return reasoning, content or None
+
+    def stream(self, thinking: bool = True) -> ReasoningStream:
+        return ReasoningStream(self, thinking)
+
+
+@dataclass
+class ReasoningStream:
+    """One choice's deltas, split as vLLM's extract_reasoning_streaming (deepseek_r1's, which
+    treats text before any `<think>` as reasoning)."""
+
+    parser: ReasoningParser
+    thinking: bool = True
+    seen_start: bool = False
+    seen_end: bool = False
+    _ids: list[int] = field(default_factory=list)
+
+    def feed(self, text: str, token_ids: list[int]) -> dict | None:
+        """The delta's fields (`reasoning` and/or `content`; a key set to None is sent as null,
+        as vLLM's exclude_unset does), or None when the delta is nothing to send."""
+        p = self.parser
+        before_start, before_end = self.seen_start, self.seen_end
+        self.seen_start = before_start or p.start_id in token_ids
+        self.seen_end = before_end or p.end_id in token_ids
+        if not self.thinking:
+            return {"content": text}
+        if len(token_ids) == 1 and token_ids[0] in (p.start_id, p.end_id):
+            return None
+        in_start, in_end = p.start_id in token_ids, p.end_id in token_ids
+        if in_start and not before_start and in_end:
+            text = text[text.find(START) + len(START):]
+        elif in_start and not before_start:
+            return {"reasoning": text}  # vLLM's: the start token's text stays in
+        if in_end:
+            end = text.find(END)
+            content = text[end + len(END):]
+            return {"reasoning": text[:end], "content": content or None}
+        if before_end:
+            return {"content": text}
+        return {"reasoning": text}
