@@ -281,7 +281,8 @@ def test_group_failures(router, engines):
     for _ in range(4):
         _complete(router)
     assert httpx.get(f"{router.url}/health", timeout=5).status_code == 200
-    assert f"group {victim} failed" in router.log()
+    assert router.metrics().get(
+        f'shoal_router_upstream_errors_total{{cause="midway",group="{victim}"}}', 0) >= 1
 
     kill_group(engines[survivor])
     r = httpx.post(f"{router.url}/v1/completions", headers=router.headers, timeout=30,
