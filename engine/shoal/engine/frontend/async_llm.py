@@ -88,7 +88,8 @@ class AsyncLLM:
             self.tokenizer, max_model_len=ready.max_model_len,
             vocab_size=ready.vocab_size or len(self.tokenizer),
             extra_eos_token_ids=_extra_eos_ids(config.model))
-        self.metrics = FrontendMetrics(self.model_name)
+        self.metrics = FrontendMetrics(self.model_name, max_model_len=ready.max_model_len,
+                                       cache_info=_cache_info(config, ready))
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self.draining = False
         self.dead_error: EngineDeadError | None = None
@@ -218,3 +219,10 @@ class AsyncLLM:
             logger.exception("output handler failed")
             op.propagate_error(exc)
             raise
+
+
+def _cache_info(config, ready) -> dict:
+    """vllm:cache_config_info's labels (vLLM's CacheConfig names) for what the engine sized."""
+    return {"block_size": ready.block_size, "num_gpu_blocks": ready.num_blocks,
+            "num_cpu_blocks": None, "gpu_memory_utilization": config.gpu_memory_utilization,
+            "enable_prefix_caching": ready.enable_prefix_caching}

@@ -32,8 +32,23 @@ ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max_value (max_model_len)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
 class FrontendMetrics:
-    def __init__(self, model_name: str, engine: str = "0") -> None:
+    def __init__(self, model_name: str, engine: str = "0", max_model_len: int = 10000,
+                 cache_info: dict | None = None) -> None:
+        """`max_model_len` caps the token histograms' buckets (vLLM's 1-2-5 series);
+        `cache_info`: the KV cache's facts for vllm:cache_config_info (block_size,
+        num_gpu_blocks, ...), the gauge llm-d's scheduler reads KV capacity from."""
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self.values = {"model_name": model_name, "engine": engine}
@@ -51,6 +66,10 @@ class FrontendMetrics:
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.")
+        # The names before vLLM 0.10 (older autoscalers and schedulers read them): the same
+        # values as kv_cache_usage_perc and prefix_cache_queries / hits.
+        self.gpu_cache_usage = gauge("vllm:gpu_cache_usage_perc",
+                                     "GPU KV-cache usage. 1 means 100 percent usage.")
         self.engine_alive = gauge("shoal:engine_alive", "1 while the engine process is healthy.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens",
@@ -62,6 +81,12 @@ class FrontendMetrics:
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix-cache queries, in tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        self.gpu_prefix_queries = counter("vllm:gpu_prefix_cache_queries",
+                                          "GPU prefix cache queries, in terms of number of "
+                                          "queried tokens.")
+        self.gpu_prefix_hits = counter("vllm:gpu_prefix_cache_hits",
+                                       "GPU prefix cache hits, in terms of number of cached "
+                                       "tokens.")
         success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                           [*labels, "finished_reason"], registry=r)
         self.success = {reason: success.labels(**self.values, finished_reason=reason)
@@ -79,10 +104,17 @@ class FrontendMetrics:
         self.inference_time = phase("inference", "RUNNING")
         self.prefill_time = phase("prefill", "PREFILL")
         self.decode_time = phase("decode", "DECODE")
-        self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per request.",
-                               [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
-        self.gen_len = hist("vllm:request_generation_tokens", "Generated tokens per request.",
-                            [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000])
+        tokens = build_1_2_5_buckets(max_model_len)
+        self.prompt_len = hist("vllm:request_prompt_tokens",
+                               "Number of prefill tokens processed.", tokens)
+        self.gen_len = hist("vllm:request_generation_tokens",
+                            "Number of generation tokens processed.", tokens)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        if cache_info is not None:  # vLLM's info gauge: no model_name, the engine label last
+            info = {k: str(v) for k, v in cache_info.items()} | {"engine": engine}
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                  list(info), registry=r).labels(**info).set(1)
         self.engine_alive.set(1)
         self._last_step_time: float | None = None
 
@@ -92,12 +124,15 @@ class FrontendMetrics:
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
+        self.gpu_cache_usage.set(stats.kv_cache_usage)
         if stats.num_preemptions:
             self.preemptions.inc(stats.num_preemptions)
         if stats.prefix_cache_queries:
             self.prefix_queries.inc(stats.prefix_cache_queries)
+            self.gpu_prefix_queries.inc(stats.prefix_cache_queries)
         if stats.prefix_cache_hits:
             self.prefix_hits.inc(stats.prefix_cache_hits)
+            self.gpu_prefix_hits.inc(stats.prefix_cache_hits)
         self._last_step_time = now
 
     def record_iteration(self, prompt_tokens: int, generation_tokens: int) -> None:
@@ -125,7 +160,11 @@ class FrontendMetrics:
                 scheduled = state.arrival + state.queue_time
                 self.prefill_time.observe(max(0.0, state.first_token_time - scheduled))
                 self.inference_time.observe(max(0.0, state.last_token_time - scheduled))
-            self.decode_time.observe(state.last_token_time - state.first_token_time)
+            decode = state.last_token_time - state.first_token_time
+            self.decode_time.observe(decode)
+            # vLLM's: the decode time per token after the first (0 for a single token).
+            n = state.num_output_tokens - 1
+            self.tpot.observe(decode / n if n > 0 else 0.0)
         for itl in state.itls:
             self.itl.observe(itl)
 
