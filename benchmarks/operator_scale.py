@@ -359,30 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig", help="use this running control plane instead of starting one")
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON too")
     args = ap.parse_args(argv)
+    sizes = (args.engines, args.groups, args.ranks, args.resync, args.workers, args.drain_seconds)
     if args.kubeconfig:
-        result = run(
-            args.kubeconfig,
-            args.engines,
-            args.groups,
-            args.ranks,
-            args.resync,
-            args.workers,
-            args.drain_seconds,
-        )
+        result = run(args.kubeconfig, *sizes)
     else:
         with tempfile.TemporaryDirectory(prefix="shoal-bench-") as root:
             cp = ControlPlane(Path(root))
             cp.start(timeout=180)
             try:
-                result = run(
-                    str(cp.kubeconfig),
-                    args.engines,
-                    args.groups,
-                    args.ranks,
-                    args.resync,
-                    args.workers,
-                    args.drain_seconds,
-                )
+                result = run(str(cp.kubeconfig), *sizes)
             finally:
                 cp.stop()
     print(table(result))

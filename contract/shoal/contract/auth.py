@@ -24,6 +24,14 @@ def api_keys(flag: list[str] | None, environ: Mapping[str, str]) -> list[str]:
     return [environ[name] for name in ENV_KEYS if environ.get(name)]
 
 
+def add_api_key_argument(parser) -> None:
+    """`--api-key K1 [K2 ...]` on an argparse parser or group, worded the same everywhere."""
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
+                             "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
+                             "$VLLM_API_KEY, each one set")
+
+
 def _digest(text: bytes) -> bytes:
     return hashlib.sha256(text).digest()
 

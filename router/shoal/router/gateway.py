@@ -168,10 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-imbalance", type=int, default=IMBALANCE,
                    help="prefix-affinity: a prefix's group keeps it while its outstanding "
                         "requests exceed the least-loaded group's by at most this many")
-    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
-                        "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
-                        "$VLLM_API_KEY, each one set")
+    auth.add_api_key_argument(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 

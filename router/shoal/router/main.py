@@ -96,10 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the served name)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
-                        "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
-                        "$VLLM_API_KEY, each one set")
+    auth.add_api_key_argument(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
