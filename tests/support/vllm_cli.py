@@ -62,6 +62,25 @@ REPORTED = ("subparser", "model_tag", "served_model_name", "tensor_parallel_size
             "master_port", "max_model_len")
 
 
+def _serve_parser():
+    """`vllm serve`'s parser as its CLI main() builds it: (the top parser, the subcommand)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    serve = ServeSubcommand()
+    return parser, serve, serve.subparser_init(subparsers)
+
+
+def _options_inside_vllm() -> list[dict]:
+    """Every action of the `serve` subparser: its option strings ([] for the positional), its
+    dest and whether it takes a value (what `vllm serve --help` lists)."""
+    _, _, sub = _serve_parser()
+    return [{"options": list(a.option_strings), "dest": a.dest, "nargs": a.nargs}
+            for a in sub._actions]
+
+
 def _parse_inside_vllm(argvs: list[list[str]]) -> list[dict]:
     """Runs in the vLLM environment: what `vllm serve` does with each argv before it dispatches
     to the server (vllm/entrypoints/cli/main.py: parse, then the subcommand's validate). Nothing
@@ -69,13 +88,8 @@ def _parse_inside_vllm(argvs: list[list[str]]) -> list[dict]:
     import contextlib
     import io
 
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(description="vLLM CLI")
-    subparsers = parser.add_subparsers(required=False, dest="subparser")
-    serve = ServeSubcommand()
-    serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+    parser, serve, sub = _serve_parser()
+    sub.set_defaults(dispatch_function=serve.cmd)
     out = []
     for argv in argvs:
         err = io.StringIO()
@@ -93,8 +107,9 @@ def _parse_inside_vllm(argvs: list[list[str]]) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # python vllm_cli.py RESULTS.json < argvs.json (vLLM logs to stdout)
-    results = _parse_inside_vllm(json.load(sys.stdin))
+if __name__ == "__main__":  # python vllm_cli.py RESULTS.json [--options] < argvs.json
+    results = (_options_inside_vllm() if sys.argv[2:] == ["--options"]
+               else _parse_inside_vllm(json.load(sys.stdin)))
     with open(sys.argv[1], "w") as f:
         json.dump(results, f, default=str)
     sys.exit(0)
@@ -166,11 +181,19 @@ class VllmCli:
 
     def parse(self, argvs: list[list[str]]) -> list[dict]:
         """One result per argv: {"ok": True, "args": {...}} or {"ok": False, "error": "..."}."""
+        return self._run(json.dumps(argvs))
+
+    def serve_options(self) -> list[dict]:
+        """Every action of `vllm serve`'s parser: {"options": [...], "dest": ..., "nargs": ...}
+        (the positional model has no options)."""
+        return self._run("[]", "--options")
+
+    def _run(self, stdin: str, *mode: str):
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": "ERROR"}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "results.json"
-            proc = subprocess.run([str(self.python), __file__, str(out)], input=json.dumps(argvs),
+            proc = subprocess.run([str(self.python), __file__, str(out), *mode], input=stdin,
                                   env=env, capture_output=True, text=True, timeout=600)
             if proc.returncode != 0 or not out.exists():
                 raise RuntimeError(f"vLLM's parser did not run (exit {proc.returncode}):\n"

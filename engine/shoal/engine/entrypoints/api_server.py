@@ -8,6 +8,9 @@ Responses and SSE chunks follow OpenAI's (and vLLM's) shapes. Every error is Ope
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass, field
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from shoal.engine import __version__
@@ -27,13 +30,53 @@ from shoal.engine.entrypoints.tool_calls import ToolSettings
 from shoal.engine.errors import EngineDeadError, RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """vLLM's HTTP middleware flags: CORS (none without origins) and X-Request-Id."""
+
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    request_id_headers: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> HttpSettings:
+        return cls(args.allowed_origins, args.allowed_methods, args.allowed_headers,
+                   args.allow_credentials, args.enable_request_id_headers)
+
+
+class RequestIdHeader:
+    """--enable-request-id-headers: every response carries X-Request-Id, the request's own
+    header when it sent one, else a new id (vLLM's XRequestIdMiddleware)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = dict(scope.get("headers") or []).get(b"x-request-id")
+        request_id = sent or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def build_app(llm: AsyncLLM, *, served_model_names: list[str],
               api_keys: list[str] | None = None, tool_settings: ToolSettings | None = None,
-              sampling_defaults: dict | None = None) -> FastAPI:
+              sampling_defaults: dict | None = None, http: HttpSettings | None = None) -> FastAPI:
     """`api_keys`: the keys /v1 accepts (none: no authentication); `sampling_defaults`: the
-    model's generation_config sampling values (generation_config.py), below a request's own."""
+    model's generation_config sampling values (generation_config.py), below a request's own;
+    `http`: CORS and request-id headers (outermost, so a preflight needs no key)."""
     app = FastAPI(title="shoal", version=__version__, docs_url=None, redoc_url=None)
     app.state.llm = llm
 
@@ -54,6 +97,13 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str],
 
     if api_keys:
         app.add_middleware(ApiKeyAuth, api_keys=api_keys)
+    http = http or HttpSettings()
+    if http.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=http.allowed_origins,
+                           allow_credentials=http.allow_credentials,
+                           allow_methods=http.allowed_methods, allow_headers=http.allowed_headers)
+    if http.request_id_headers:
+        app.add_middleware(RequestIdHeader)
 
     serving = Serving(llm, served_model_names, dict(sampling_defaults or {}))
     for router in (completions_router(serving), chat_router(serving, tool_settings),

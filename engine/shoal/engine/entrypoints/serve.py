@@ -39,6 +39,49 @@ def _config_error(message: str, cause=None) -> int:
     return 2
 
 
+def _check_vllm_flags(args) -> str | None:
+    """vLLM's spellings resolved (--model, --dtype half), the flags of vllm_flags.py's table
+    this server has no use for logged once, and the first refused one."""
+    from shoal.engine.entrypoints import vllm_flags
+
+    args.model = args.model or args.model_flag
+    if not args.model:
+        return "no model: pass the model directory (shoal serve DIR, or --model DIR)"
+    args.dtype = _DTYPE_ALIASES.get(args.dtype, args.dtype)
+    args.max_model_len = None if args.max_model_len == -1 else args.max_model_len
+    notes, refused = vllm_flags.check(args)
+    for note in notes:
+        logger.info("%s", note)
+    return refused
+
+
+def _check_model_flags(args) -> str | None:
+    """What needs the model's config.json (--trust-remote-code) and the chat template."""
+    from shoal.engine.config import read_model_config
+    from shoal.engine.entrypoints import vllm_flags
+
+    problem = vllm_flags.startup_problem(args, read_model_config(args.model))
+    if problem or args.chat_template is None:
+        return problem
+    try:
+        args.chat_template = load_chat_template(args.chat_template)
+    except OSError as exc:
+        return f"--chat-template {args.chat_template!r} looks like a file path but: {exc}"
+    return None
+
+
+def load_chat_template(value: str) -> str:
+    """--chat-template as vLLM 0.32 reads it (renderers/chat_utils.py): a file's text, else the
+    value itself when it looks like a template ({, } or a newline), else OSError."""
+    try:
+        with open(value) as f:
+            return f.read()
+    except OSError:
+        if not any(c in value for c in "{}\n"):
+            raise
+        return value
+
+
 def _check_parallelism(args) -> str | None:
     """What EngineConfig cannot know: the pipeline flag and the node roles."""
     if args.pipeline_parallel_size != 1:
@@ -55,18 +98,24 @@ def _check_parallelism(args) -> str | None:
     return None
 
 
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's --dtype names
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     role = f"node {args.node_rank}" if args.headless else "frontend"
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [{role}] %(message)s")
     started = time.monotonic()
-    problem = _check_parallelism(args)
+    problem = _check_vllm_flags(args) or _check_parallelism(args)
     if problem:
         return _config_error(problem)
     config = _engine_config(args)
     if isinstance(config, int):
         return config
+    problem = _check_model_flags(args)
+    if problem:
+        return _config_error(problem)
     if args.headless:
         from shoal.engine.executor.headless import run_headless
 
@@ -78,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     llm = _start_engine(config, args, names)
     if isinstance(llm, int):
         return llm
+    if args.chat_template is not None:
+        llm.tokenizer.chat_template = args.chat_template
+        if hasattr(llm.tokenizer, "_template"):
+            llm.tokenizer._template = None  # FastTokenizer compiles it on first use
+        logger.info("chat template: --chat-template (%d characters)", len(args.chat_template))
     from shoal.engine.entrypoints import event_loop
 
     return event_loop.run(_serve(llm, args, names, started, defaults))
@@ -208,9 +262,19 @@ def _http_server(app, llm, args, state: dict):
             else:
                 self.should_exit = True
 
-    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                 access_log=False, timeout_graceful_shutdown=10,
-                                 timeout_keep_alive=5))
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, **_uvicorn_settings(args),
+                                 timeout_graceful_shutdown=10, timeout_keep_alive=5))
+
+
+def _uvicorn_settings(args) -> dict:
+    """vLLM's uvicorn flags: log level, access log, root path, TLS, h11 limit."""
+    chatty = args.uvicorn_log_level in ("info", "debug", "trace")
+    return dict(log_level=args.uvicorn_log_level,
+                access_log=chatty and not args.disable_uvicorn_access_log,
+                root_path=args.root_path or "", ssl_keyfile=args.ssl_keyfile,
+                ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
+                ssl_cert_reqs=args.ssl_cert_reqs,
+                h11_max_incomplete_event_size=args.h11_max_incomplete_event_size)
 
 
 def _watch_engine(llm, server, state: dict) -> None:
@@ -238,19 +302,21 @@ async def _announce(server, args, names: list[str], started: float) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
     host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
-    logger.info("ready: http://%s:%d/v1 serving %s (start-up %.1f s)", host, args.port,
+    scheme = "https" if args.ssl_certfile else "http"
+    logger.info("ready: %s://%s:%d/v1 serving %s (start-up %.1f s)", scheme, host, args.port,
                 ", ".join(names), time.monotonic() - started)
 
 
 async def _serve(llm, args, names: list[str], started: float, defaults: dict) -> int:
     from shoal.contract.auth import api_keys
-    from shoal.engine.entrypoints.api_server import build_app
+    from shoal.engine.entrypoints.api_server import HttpSettings, build_app
     from shoal.engine.entrypoints.tool_calls import ToolSettings
 
     keys = api_keys(args.api_key, os.environ)
     logger.info("API key: %s", f"{len(keys)} accepted on /v1" if keys else "none (open)")
     app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
-                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser))
+                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser),
+                    http=HttpSettings.from_args(args))
     state = {"rc": 0, "signalled": False}
     server = _http_server(app, llm, args, state)
     _watch_engine(llm, server, state)

@@ -7,9 +7,11 @@ operator sees it as a config error and does not restart the pod.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 from shoal.engine.config import PERFORMANCE_MODES
+from shoal.engine.entrypoints import vllm_flags
 from shoal.engine.generation_config import SOURCES_HELP
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
@@ -22,6 +24,32 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2147483648, 512M, 2G)")
     value, unit = float(m.group(1)), m.group(2).lower()
     return int(value * 1024 ** " kmgt".index(unit or " "))
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+
+
+def human_int_or_auto(text: str) -> int:
+    """--max-model-len as vLLM parses it (human_readable_int_or_auto): '32k' = 32,000 (k m g t:
+    powers of 10, decimals allowed), '32K' = 32,768 (K M G T: powers of 2, whole numbers
+    only), '-1' or 'auto' = -1 (the model's own)."""
+    text = text.strip()
+    if text == "-1" or text.lower() == "auto":
+        return -1
+    m = _HUMAN_INT.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix.islower():
+            return int(float(number) * 1000 ** "_kmgt".index(suffix))
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"decimals are not allowed with binary suffixes like {suffix}; did you mean "
+                f"{number}{suffix.lower()}?")
+        return int(number) * 1024 ** "_KMGT".index(suffix)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a length: {text!r} (e.g. 4096, 32k, 32K)") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,8 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
                     "/version, /tokenize, /detokenize). Flag names follow `vllm serve`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="local model directory (config.json, safetensors, tokenizer); "
-                                 "`shoal make-model DIR` writes one")
+    p.add_argument("model", nargs="?", default=None,
+                   help="local model directory (config.json, safetensors, tokenizer); "
+                        "`shoal make-model DIR` writes one; or --model DIR")
+    p.add_argument("--model", dest="model_flag", default=None,
+                   help="the model directory, as the positional (which wins if both are given)")
     _http_flags(p.add_argument_group("HTTP"))
     eng = p.add_argument_group("engine")
     _batch_flags(eng)
@@ -56,7 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind the engine sockets on tcp://HOST instead of ipc:// (remote engine)")
     _tool_flags(p.add_argument_group(
         "tool calling (docs/serving.md, \"Structured output and tools\")"))
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    _server_flags(p.add_argument_group("HTTP server (uvicorn), as vLLM"))
+    _chat_flags(p.add_argument_group("chat"))
+    vllm_flags.register(p)
     return p
 
 
@@ -73,8 +108,9 @@ def _http_flags(net) -> None:
 
 
 def _batch_flags(eng) -> None:
-    eng.add_argument("--max-model-len", type=int, default=None,
-                     help="context length (prompt + output); default: the model's own")
+    eng.add_argument("--max-model-len", type=human_int_or_auto, default=None,
+                     help="context length (prompt + output): 4096, 32k (32,000), 32K (32,768); "
+                          "default (or -1, auto): the model's own")
     eng.add_argument("--max-num-seqs", type=int, default=None,
                      help="most requests running in one batch (default, vLLM's: 128 per rank on "
                           "the CPU, 256 on a GPU)")
@@ -92,10 +128,13 @@ def _batch_flags(eng) -> None:
 
 def _model_flags(eng) -> None:
     eng.add_argument("--dtype", default="auto",
-                     choices=["auto", "float32", "bfloat16", "float16"],
+                     choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
                      help="weight/activation/KV dtype; auto = the model's own, but float32 "
                           "checkpoints run in bfloat16 on CUDA and on CPUs with native bf16 "
-                          "(as vLLM)")
+                          "(as vLLM); half = float16, float = float32")
+    eng.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction,
+                     default=False, help="accepted; a model whose config.json names remote "
+                                         "code (auto_map) is refused: shoal runs its own classes")
     eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     eng.add_argument("--seed", type=int, default=0,
                      help="seed of the engine's generator for unseeded sampled requests")
@@ -120,6 +159,13 @@ def _kv_flags(eng) -> None:
                           "else 1 GiB)")
     eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
                      help="use exactly this many KV blocks instead of sizing from the budget")
+    eng.add_argument("--kv-cache-dtype", default="auto",
+                     help="auto = the model's dtype; bfloat16, float16 or float32 when that is "
+                          "--dtype's (the KV cache is kept in the model's dtype); fp8 kinds are "
+                          "refused")
+    eng.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                     default=None, help="always on: prompts longer than "
+                                        "--max-num-batched-tokens are chunked")
 
 
 def _parallel_flags(par) -> None:
@@ -127,9 +173,9 @@ def _parallel_flags(par) -> None:
                      help="ranks per model replica; every layer is split over them")
     par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                      help="pipeline stages (only 1 is implemented)")
-    par.add_argument("--nnodes", type=int, default=1,
+    par.add_argument("--nnodes", "-n", type=int, default=1,
                      help="nodes the ranks are spread over (tensor-parallel-size / nnodes each)")
-    par.add_argument("--node-rank", type=int, default=0,
+    par.add_argument("--node-rank", "-r", type=int, default=0,
                      help="this node's rank in the group; nodes other than 0 run --headless")
     par.add_argument("--master-addr", default="127.0.0.1",
                      help="node 0's address: torch.distributed, step broadcast, group link")
@@ -148,3 +194,39 @@ def _tool_flags(tools) -> None:
     tools.add_argument("--tool-call-parser", choices=["hermes"], default=None,
                        help="how tool calls are found in free text under tool_choice \"auto\": "
                             "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>")
+
+
+def _server_flags(srv) -> None:
+    srv.add_argument("--root-path", default=None,
+                     help="the path prefix a proxy strips (FastAPI's root_path)")
+    srv.add_argument("--allowed-origins", type=json.loads, default=[],
+                     help='CORS origins, a JSON list: \'["https://a.example"]\' (none: no CORS)')
+    srv.add_argument("--allowed-methods", type=json.loads, default=["*"],
+                     help="CORS methods, a JSON list")
+    srv.add_argument("--allowed-headers", type=json.loads, default=["*"],
+                     help="CORS headers, a JSON list")
+    srv.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=False,
+                     help="CORS: allow credentials")
+    srv.add_argument("--ssl-keyfile", default=None, help="TLS private key file (PEM)")
+    srv.add_argument("--ssl-certfile", default=None, help="TLS certificate file (PEM)")
+    srv.add_argument("--ssl-ca-certs", default=None,
+                     help="CA certificates to verify client certificates with")
+    srv.add_argument("--ssl-cert-reqs", type=int, default=0,
+                     help="client certificates: 0 none, 1 optional, 2 required (Python's ssl)")
+    srv.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction,
+                     default=False, help="answer with an X-Request-Id header: the request's "
+                                         "own, else a new one")
+    srv.add_argument("--uvicorn-log-level", default="warning",
+                     choices=["critical", "error", "warning", "info", "debug", "trace"],
+                     help="uvicorn's log level (shoal's default: warning)")
+    srv.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction,
+                     default=None, help="no access-log lines (shoal writes none unless "
+                                        "--uvicorn-log-level is info or lower)")
+    srv.add_argument("--h11-max-incomplete-event-size", type=int, default=4194304,
+                     help="most bytes of an incomplete HTTP request (headers)")
+
+
+def _chat_flags(chat) -> None:
+    chat.add_argument("--chat-template", default=None,
+                      help="a Jinja chat template instead of the model's: a file, or the "
+                           "template itself (as vLLM: text with {, } or a newline)")
