@@ -77,9 +77,19 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first choice)
 
 
+# vLLM's names of EngineConfig's fields, as LLM() takes them.
+_VLLM_NAMES = {"num_gpu_blocks_override": "num_kv_blocks"}
+
+
 def _engine_args(kwargs: dict) -> dict:
-    """EngineConfig's arguments out of LLM's; a vLLM argument this engine does not implement
-    (or a no-op one with a value that would mean something) is a TypeError naming it."""
+    """EngineConfig's arguments out of LLM's (vLLM's names translated); a vLLM argument this
+    engine does not implement (or a no-op one with a value that would mean something) is a
+    TypeError naming it."""
+    for vllm_name, name in _VLLM_NAMES.items():
+        if vllm_name in kwargs:
+            if name in kwargs:
+                raise TypeError(f"LLM() got both {vllm_name} and {name}; pass one")
+            kwargs = {(name if k == vllm_name else k): v for k, v in kwargs.items()}
     known = {f.name for f in dataclasses.fields(EngineConfig)} - _DERIVED
     unknown = sorted(k for k in kwargs if k not in known and k not in NO_OP_ARGS)
     bad = sorted(f"{k}={kwargs[k]!r}" for k in NO_OP_ARGS
