@@ -66,6 +66,13 @@ TRIGGERS = {
         500: (CHAT, AUTH, "dead"),
         503: (CHAT, AUTH, "draining"),
     },
+    ("post", "/v1/responses"): {
+        400: ({}, AUTH, None),
+        401: ({"input": "a"}, {}, None),
+        404: ({"input": "a", "model": "gpt-9"}, AUTH, None),
+        500: ({"input": "a"}, AUTH, "dead"),
+        503: ({"input": "a"}, AUTH, "draining"),
+    },
     ("get", "/v1/models"): {401: (None, {}, None)},
     ("get", "/health"): {503: (None, {}, "draining")},
     ("get", "/ping"): {503: (None, {}, "draining")},

@@ -57,6 +57,7 @@ def admin_router(s: Serving) -> APIRouter:
         return health_response()
 
     _add_vllm_extras(router, llm, health_response)
+    _add_unserved(router)
 
     @router.get("/version")
     async def version():
@@ -113,3 +114,24 @@ def _add_vllm_extras(router: APIRouter, llm, health_response) -> None:
             """Forget every cached prefix (vLLM's dev endpoint); false while a request holds
             blocks."""
             return {"success": bool(await llm.call_utility("reset_prefix_cache"))}
+
+
+# vLLM's endpoints for other model kinds (pooling, scoring, speech): a client pointed at one
+# hears why, not a bare "Not Found".
+UNSERVED = ("/v1/embeddings", "/pooling", "/classify", "/v1/classify", "/score", "/v1/score",
+            "/rerank", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions",
+            "/v1/audio/translations", "/v1/images/generations")
+
+
+def _add_unserved(router: APIRouter) -> None:
+    def unserved(path: str):
+        async def answer():
+            return error_response(
+                404, f"{path} is not served: this server generates text only (/v1/completions, "
+                     "/v1/chat/completions, /v1/responses); embeddings, pooling, scoring, "
+                     "reranking and audio are not implemented.", "NotFoundError")
+        return answer
+
+    for path in UNSERVED:
+        router.add_api_route(path, unserved(path), methods=["POST"], include_in_schema=False,
+                             name=f"unserved {path}")

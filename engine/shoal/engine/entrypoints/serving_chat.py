@@ -24,6 +24,7 @@ from shoal.engine.entrypoints.serving import (
     until_disconnect,
     usage,
 )
+from shoal.engine.entrypoints.serving_responses import responses_router
 from shoal.engine.entrypoints.tool_calls import ToolPlan, ToolSettings, plan_tools
 from shoal.engine.entrypoints.tool_parsers import ToolCallStream, calls_in, message_tool_calls
 from shoal.engine.errors import InvalidRequestError
@@ -85,6 +86,7 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
                                add_logprobs=_response_filler(body, prompt) if wants else None)
 
     s.endpoints['chat'] = (ChatCompletionRequest, chat_completions)
+    router.include_router(responses_router(s))  # /v1/responses answers through this endpoint
     return router
 
 
