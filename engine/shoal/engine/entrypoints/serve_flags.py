@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 
+from shoal.contract import auth
 from shoal.engine.config import PERFORMANCE_MODES
 from shoal.engine.entrypoints import vllm_flags
 from shoal.engine.generation_config import SOURCES_HELP
@@ -101,10 +102,7 @@ def _http_flags(net) -> None:
     net.add_argument("--served-model-name", nargs="+", default=None,
                      help="model name(s) clients send as `model`; the first is reported in "
                           "responses (default: the model path)")
-    net.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                     help="require 'Authorization: Bearer KEY' on /v1/* with one of these keys "
-                          "(several for rotation, as vLLM); default: $SHOAL_API_KEY and "
-                          "$VLLM_API_KEY, each one set")
+    auth.add_api_key_argument(net)
 
 
 def _batch_flags(eng) -> None:
