@@ -6,8 +6,9 @@ Three shapes, one per ToolPlan mode:
   enforces (no free whitespace: spec.py), read incrementally, so arguments stream as fragments;
 - "auto" with the hermes parser: text, then
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (vLLM's
-  `--tool-call-parser hermes`). A block streams once it is closed: its first delta
-  carries the id and name, the next one its arguments.
+  `--tool-call-parser hermes`). Streamed as vLLM streams them (stream_hermes): a block's first
+  delta carries the id and name as soon as the name is whole, the next ones its arguments as
+  the model writes them.
 
 `ToolCallStream.feed(text_so_far)` returns the chat deltas to send, in OpenAI's shapes: the first
 delta of a call carries `index`, `id`, `type: "function"`, `function.name` and `arguments: ""`;
@@ -131,14 +132,66 @@ def parse_hermes(text: str, final: bool = True) -> tuple[str, list[ParsedCall]]:
     return text[:start], calls
 
 
-def calls_in(plan: ToolPlan, text: str, final: bool = True) -> tuple[str | None, list[ParsedCall]]:
-    """(content, tool calls) of the text generated under `plan`."""
+def _tag_overlap(text: str, tag: str) -> int:
+    """How much of `tag`'s start ends `text` (vLLM's partial_tag_overlap)."""
+    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1)
+                 if text.endswith(tag[:k])), 0)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+_HERMES_NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
+_HERMES_ARGS = re.compile(r'"arguments"\s*:\s*')
+
+
+def stream_hermes(text: str, final: bool = False) -> tuple[str, list[ParsedCall]]:
+    """vLLM's streaming reading of hermes output (Hermes2ProToolParser): content before the
+    first `<tool_call>` (holding back what could start one, until `final`); per block, open or
+    closed, its name once the `"name": "..."` is whole, and its arguments as the model writes
+    them (the raw text after `"arguments":`, less the `}` that closes the block's object once
+    it is complete JSON), so arguments stream as they arrive."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return text[:len(text) - (0 if final else _tag_overlap(text, HERMES_OPEN))], []
+    calls, pos = [], start
+    while (start := text.find(HERMES_OPEN, pos)) >= 0:
+        body_at = start + len(HERMES_OPEN)
+        end = text.find(HERMES_CLOSE, body_at)
+        if end >= 0:
+            body, complete, pos = text[body_at:end].strip(), True, end + len(HERMES_CLOSE)
+        else:
+            raw = text[body_at:]
+            raw = raw[:len(raw) - _tag_overlap(raw, HERMES_CLOSE)].strip()
+            body, complete, pos = raw, bool(raw) and _is_json(raw), len(text)
+        name = _HERMES_NAME.search(body)
+        if name is None:
+            break  # a later block waits for this one's name
+        args = _HERMES_ARGS.search(body)
+        raw_args = body[args.end():] if args else ""
+        if complete and raw_args:
+            raw_args = raw_args.rstrip()
+            raw_args = (raw_args[:-1] if raw_args.endswith("}") else raw_args).rstrip()
+        calls.append(ParsedCall(name.group(1), raw_args, complete))
+    return text[:text.find(HERMES_OPEN)], calls
+
+
+def calls_in(plan: ToolPlan, text: str, final: bool = True,
+             streaming: bool = False) -> tuple[str | None, list[ParsedCall]]:
+    """(content, tool calls) of the text generated under `plan`; `streaming`: hermes blocks
+    as vLLM streams them (stream_hermes), else as it answers whole (parse_hermes)."""
     if plan.mode == "named":
         return None, [ParsedCall(plan.function_name, text)]
     if plan.mode == "required":
         return None, scan_required(text)
     if plan.mode == "auto":
-        content, calls = parse_hermes(text, final)
+        content, calls = (stream_hermes(text, final) if streaming
+                          else parse_hermes(text, final))
         if not plan.parallel:
             calls = calls[:1]
         return content, calls
@@ -161,7 +214,7 @@ class ToolCallStream:
 
     def feed(self, delta: str, final: bool = False) -> list[dict]:
         self.text += delta
-        content, calls = calls_in(self.plan, self.text, final)
+        content, calls = calls_in(self.plan, self.text, final, streaming=True)
         out: list[dict] = []
         if content and len(content) > self.content_sent:
             out.append({"content": content[self.content_sent:]})
