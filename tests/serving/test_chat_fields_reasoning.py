@@ -228,3 +228,19 @@ def test_reasoning_on_a_user_message_is_refused(think):
     r = client(None).post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "q", "reasoning_content": "r"}]})
     assert r.status_code == 400 and "messages.0.reasoning_content" in r.json()["error"]["message"]
+
+
+def test_pythonic_tool_calls_over_http(think):
+    engine, client = think
+    engine.script = [('[weather(city="Os', [5]), ('lo")]', [6])]
+    c = TestClient(build_app(engine, served_model_names=["tiny"], tool_settings=ToolSettings(
+        enable_auto_tool_choice=True, tool_call_parser="pythonic")))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
+    choice = _chat(c, tools=tools).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"] == {
+        "name": "weather", "arguments": '{"city": "Oslo"}'}
+    calls = [tc for ch in _sse(_chat(c, tools=tools, stream=True).text) if ch["choices"]
+             for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
+    assert "".join(tc["function"].get("arguments", "") for tc in calls) == '{"city": "Oslo"}'
+    assert calls[0]["function"]["name"] == "weather"

@@ -1,7 +1,8 @@
-"""hermes under tool_choice "auto" streams as vLLM 0.32 streams it: the same deltas through
-vLLM's own Hermes2ProToolParser (in the cached vLLM venv, support.vllm_cli) and through
-ToolCallStream give the same content pieces, names and argument fragments, and the arguments
-stream as they arrive, not only when the block closes."""
+"""hermes and pythonic under tool_choice "auto" stream as vLLM 0.32 streams them: the same
+deltas through vLLM's own Hermes2ProToolParser / PythonicToolParser (in the cached vLLM venv,
+support.vllm_cli) and through ToolCallStream give the same content pieces, names and argument
+fragments; hermes arguments stream as they arrive, not only when the block closes; pythonic
+whole outputs read as vLLM reads them."""
 
 from __future__ import annotations
 
@@ -11,28 +12,46 @@ from pathlib import Path
 
 import pytest
 from shoal.engine.entrypoints.tool_calls import ToolPlan
-from shoal.engine.entrypoints.tool_parsers import ToolCallStream
+from shoal.engine.entrypoints.tool_parsers import ToolCallStream, calls_in
 from support.vllm_cli import ensure_vllm_cli
-from tool_stream_cases import CALL, CASES, events
+from tool_stream_cases import CALL, CASES, PYTHONIC, PYTHONIC_WHOLE, events
 
 pytestmark = pytest.mark.process
 
 
-def _ours(case: list[str]) -> list:
-    stream = ToolCallStream(ToolPlan("auto", []))
+def _ours(case: list[str], parser: str = "hermes") -> list:
+    stream = ToolCallStream(ToolPlan("auto", [], parser=parser))
     deltas = []
     for n, piece in enumerate(case):
         deltas += stream.feed(piece, final=n == len(case) - 1)
     return events(deltas)
 
 
-def test_hermes_streams_as_vllms_parser():
+@pytest.fixture(scope="module")
+def vllm() -> dict:
     script = Path(__file__).with_name("tool_stream_cases.py")
     proc = subprocess.run([str(ensure_vllm_cli().python), str(script)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for case, theirs in zip(CASES, json.loads(proc.stdout), strict=True):
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_hermes_streams_as_vllms_parser(vllm):
+    for case, theirs in zip(CASES, vllm["hermes"], strict=True):
         assert _ours(case) == theirs, case
+
+
+def test_pythonic_streams_as_vllms_parser(vllm):
+    for case, theirs in zip(PYTHONIC, vllm["pythonic"], strict=True):
+        assert _ours(case, "pythonic") == theirs, case
+
+
+def test_pythonic_reads_whole_outputs_as_vllms_parser(vllm):
+    plan = ToolPlan("auto", [], parser="pythonic")
+    for text, (content, calls) in zip(PYTHONIC_WHOLE, vllm["pythonic_whole"], strict=True):
+        ours_content, ours_calls = calls_in(plan, text)
+        assert [ours_content, [[c.name, c.arguments] for c in ours_calls]] == \
+            [content, calls], text
 
 
 def test_hermes_arguments_stream_before_the_block_closes():

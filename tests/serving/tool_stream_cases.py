@@ -1,7 +1,8 @@
 """Streamed hermes outputs (the text of each delta) shared by the parity test and vLLM's side.
-Run inside vLLM's venv, this file prints what vLLM's own Hermes2ProToolParser streams for each
-case (`python tool_stream_cases.py > answers.json`), as [content pieces, {index: name},
-{index: [argument fragments]}]."""
+Run inside vLLM's venv, this file prints what vLLM's own Hermes2ProToolParser and
+PythonicToolParser stream for each case (`python tool_stream_cases.py > answers.json`), as
+[content pieces, {index: name}, {index: [argument fragments]}], and what PythonicToolParser
+reads from whole outputs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ CASES = [
     ["no tools here", " at all"],
     ['<tool_call>{"name": "f", "arguments": {}}</tool_call>'],
 ]
+
+PY = '[get_weather(city="Oslo", days=3, units={"t": "C"}), ping(), find(q=\'a, b\', n=-2)]'
+PYTHONIC = [
+    [PY[i:i + 4] for i in range(0, len(PY), 4)],
+    [PY[i:i + 1] for i in range(0, len(PY), 1)],
+    [PY],
+    ["Sure: ", "no calls"],
+    ['[f(a=[1, 2', '], b=None)]'],
+]
+# Whole outputs: tool calls or plain content, as vLLM's extract_tool_calls reads them.
+PYTHONIC_WHOLE = [PY, "[f()]", "[f(1)]", " [f()]", "[a.b(x=1)]", "[]", "[f(x=null, y=true)]",
+                  "text [f()]", "[f(x=1)] trailing", "[f(x=1)]\n", "[f(x=b'z')]"]
 
 
 def events(deltas: list[dict]) -> list:
@@ -32,12 +45,23 @@ def events(deltas: list[dict]) -> list:
     return [content, names, args]
 
 
-def _vllm() -> list:
+def _vllm() -> dict:
     from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+    from vllm.tool_parsers.pythonic_tool_parser import PythonicToolParser
 
+    whole = []
+    for text in PYTHONIC_WHOLE:
+        got = PythonicToolParser(object()).extract_tool_calls(text, None)
+        whole.append([got.content, [[c.function.name, c.function.arguments]
+                                    for c in got.tool_calls]])
+    return {"hermes": _streamed(Hermes2ProToolParser, CASES),
+            "pythonic": _streamed(PythonicToolParser, PYTHONIC), "pythonic_whole": whole}
+
+
+def _streamed(parser_class, cases) -> list:
     out = []
-    for case in CASES:
-        parser, prev, deltas = Hermes2ProToolParser(object()), "", []
+    for case in cases:
+        parser, prev, deltas = parser_class(object()), "", []
         for piece in case:
             d = parser.extract_tool_calls_streaming(prev, prev + piece, piece, [], [], [], None)
             prev += piece

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import StructuredOutputs
 
-TOOL_CALL_PARSERS = ("hermes",)
+TOOL_CALL_PARSERS = ("hermes", "pythonic")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class ToolPlan:
     structured_outputs: StructuredOutputs | None = None
     function_name: str | None = None  # "named" only
     parallel: bool = True
+    parser: str = "hermes"  # "auto" only: --tool-call-parser (TOOL_CALL_PARSERS)
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -144,6 +145,6 @@ def plan_tools(body, settings: ToolSettings) -> ToolPlan | None:
         if not settings.enable_auto_tool_choice or not settings.tool_call_parser:
             raise InvalidRequestError('"auto" tool choice requires --enable-auto-tool-choice and '
                                       '--tool-call-parser to be set (tool_choice).')
-        return ToolPlan("auto", as_dicts, None, None, parallel)
+        return ToolPlan("auto", as_dicts, None, None, parallel, settings.tool_call_parser)
     raise InvalidRequestError(f"tool_choice {choice!r} is not supported; use \"none\", \"auto\", "
                               '"required" or {"type": "function", "function": {"name": ...}}.')

@@ -22,6 +22,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from shoal.engine.entrypoints.pythonic_tool_calls import parse_pythonic
 from shoal.engine.entrypoints.tool_calls import ToolPlan, new_call_id
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,12 @@ def calls_in(plan: ToolPlan, text: str, final: bool = True,
         return None, [ParsedCall(plan.function_name, text)]
     if plan.mode == "required":
         return None, scan_required(text)
+    if plan.mode == "auto" and plan.parser == "pythonic":
+        content, found = parse_pythonic(text, final, streaming)
+        if found is None:  # streaming, nothing new can be read yet
+            return None, None
+        calls = [ParsedCall(*call) for call in found]
+        return content, calls if plan.parallel else calls[:1]
     if plan.mode == "auto":
         content, calls = (stream_hermes(text, final) if streaming
                           else parse_hermes(text, final))
@@ -216,6 +223,8 @@ class ToolCallStream:
         self.text += delta
         content, calls = calls_in(self.plan, self.text, final, streaming=True)
         out: list[dict] = []
+        if calls is None:  # nothing can be read out yet
+            return out
         if content and len(content) > self.content_sent:
             out.append({"content": content[self.content_sent:]})
             self.content_sent = len(content)
