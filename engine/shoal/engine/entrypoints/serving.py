@@ -172,6 +172,8 @@ class Serving:
                 # Validate now, so a bad request is a 400 before any stream starts.
                 self.llm.input_processor.process("validate", ids, msgspec.structs.replace(p))
                 per_choice.append((ids, p))
+        for _ in prompts:  # vLLM's request_params_n: once per prompt (its parent request)
+            self.llm.metrics.record_params_n(n)
         return [self.llm.generate(ids, p, f"{request_id}-{i}")
                 for i, (ids, p) in enumerate(per_choice)]
 

@@ -28,6 +28,7 @@ E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 # vLLM's buckets for the request phase histograms (its request_latency_buckets) and for tokens
 # per engine step.
 PHASE_BUCKETS = E2E_BUCKETS
+REQUEST_PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -111,6 +112,10 @@ class FrontendMetrics:
                             "Number of generation tokens processed.", tokens)
         self.tpot = hist("vllm:request_time_per_output_token_seconds",
                          "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.",
+                             REQUEST_PARAMS_N_BUCKETS)
+        self.params_max_tokens = hist("vllm:request_params_max_tokens",
+                                      "Histogram of the max_tokens request parameter.", tokens)
         if cache_info is not None:  # vLLM's info gauge: no model_name, the engine label last
             info = {k: str(v) for k, v in cache_info.items()} | {"engine": engine}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
@@ -150,6 +155,9 @@ class FrontendMetrics:
         for the phase timings)."""
         self.success.get(reason, self.success["error"]).inc()
         self.prompt_len.observe(state.prompt_len)
+        max_tokens = getattr(getattr(state, "params", None), "max_tokens", None)
+        if max_tokens:  # as vLLM: the engine request's max_tokens, once it is known
+            self.params_max_tokens.observe(max_tokens)
         self.gen_len.observe(state.num_output_tokens)
         self.e2e.observe(now - state.arrival)
         if state.queue_time is not None:
@@ -167,6 +175,10 @@ class FrontendMetrics:
             self.tpot.observe(decode / n if n > 0 else 0.0)
         for itl in state.itls:
             self.itl.observe(itl)
+
+    def record_params_n(self, n: int) -> None:
+        """One prompt of a request fanned out into n choices (vLLM's parent request)."""
+        self.params_n.observe(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
