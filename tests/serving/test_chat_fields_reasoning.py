@@ -244,3 +244,12 @@ def test_pythonic_tool_calls_over_http(think):
              for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
     assert "".join(tc["function"].get("arguments", "") for tc in calls) == '{"city": "Oslo"}'
     assert calls[0]["function"]["name"] == "weather"
+
+
+def test_an_unknown_field_is_logged_once_and_refused(think, caplog):
+    _, client = think
+    c = client(None)
+    with caplog.at_level("WARNING", logger="shoal.engine.api"):
+        for _ in range(2):
+            assert _chat(c, frobnicate_once=1).status_code == 400
+    assert sum("frobnicate_once" in r.getMessage() for r in caplog.records) == 1

@@ -15,6 +15,7 @@ optional field means absent (`_Strict`). Wrong types are a 400 naming the field 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +37,7 @@ from shoal.engine.wire import SamplingParams
 # The error type of a no-op field sent with a value that would mean something; http_errors
 # reports it with the unknown fields as "unsupported field(s)".
 NOT_IMPLEMENTED_VALUE = "not_implemented_value"
+logger = logging.getLogger("shoal.engine.api")
 
 
 def _only(*accepted: Any) -> AfterValidator:
@@ -61,8 +63,23 @@ class _Strict(BaseModel):
     @classmethod
     def _null_is_absent(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            data = {k: v for k, v in data.items() if v is not None}
+            _log_unknown_once(cls, data)
         return data
+
+
+_LOGGED_UNKNOWN: set[tuple[str, str]] = set()
+
+
+def _log_unknown_once(model: type[BaseModel], data: dict) -> None:
+    """A field this server does not declare, sent with a value, is logged the first time (which
+    clients send what), then refused as always (extra="forbid")."""
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    for name in data.keys() - known:
+        if (model.__name__, name) not in _LOGGED_UNKNOWN:
+            _LOGGED_UNKNOWN.add((model.__name__, name))
+            logger.warning("request field %r (%s) is not implemented: refused with a 400; "
+                           "logged once", name, model.__name__)
 
 
 class StreamOptions(_Strict):
