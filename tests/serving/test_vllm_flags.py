@@ -226,3 +226,16 @@ def test_refused_flags_exit_2_naming_the_flag(tiny_model, tmp_path, argv, named)
     message = json.loads(s.termination_log.read_text())
     assert message["cause"] == "config_error" and named in message["message"], message
     assert named in s.log()
+
+
+@pytest.mark.parametrize("given,read", [
+    (["--max_num_batched_tokens", "1024"], ["--max-num-batched-tokens", "1024"]),
+    (["--served_model_name=a_b"], ["--served-model-name=a_b"]),  # the value keeps its "_"
+    (["some_model", "-tp", "2"], ["some_model", "-tp", "2"]),
+])
+def test_option_names_take_underscores_as_vllm_does(given, read):
+    from shoal.engine.entrypoints.serve_flags import dashed
+
+    assert dashed(given) == read
+    args = build_parser().parse_args(["/m", "--max_num_batched_tokens", "512"])
+    assert args.max_num_batched_tokens == 512

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 from shoal.contract import auth
 from shoal.engine.config import PERFORMANCE_MODES
@@ -53,9 +54,29 @@ def human_int_or_auto(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a length: {text!r} (e.g. 4096, 32k, 32K)") from None
 
 
+_NAME = re.compile(r"(?<=--)[^.]*")
+
+
+def dashed(args: list[str]) -> list[str]:
+    """Option names with underscores spelled with dashes, as vLLM's FlexibleArgumentParser
+    reads them (`--max_num_batched_tokens 1024` is `--max-num-batched-tokens 1024`; only the
+    name, up to a `=` or a `.`, never the value)."""
+    out = []
+    for arg in args:
+        if arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            arg = _NAME.sub(lambda m: m.group(0).replace("_", "-"), key, count=1) + eq + value
+        out.append(arg)
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that also leaves the termination message: a bad flag is a config error the
     operator must see (and not restart), not an exit 2 with nothing said."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(dashed(sys.argv[1:] if args is None else args),
+                                        namespace)
 
     def error(self, message: str):
         from shoal.contract.termination import Cause, write_termination_message
