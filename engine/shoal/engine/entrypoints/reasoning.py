@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 START, END = "<think>", "</think>"
+TOOL_START = "<tool_call>"
 
 
 def _token_id(tokenizer, token: str) -> int | None:
@@ -54,6 +55,8 @@ class ReasoningParser:
         """(reasoning, content) of a whole output: vLLM's extract_reasoning."""
         if not thinking:
             return None, text
+        if self.name == "qwen3":
+            return _qwen3_split(text)
         before, start, after = text.partition(START)
         text = after if start else before
         if END not in text:
@@ -61,8 +64,31 @@ class ReasoningParser:
         reasoning, _, content = text.partition(END)
         return reasoning, content or None
 
-    def stream(self, thinking: bool = True) -> ReasoningStream:
+    def stream(self, thinking: bool = True) -> ReasoningStream | Qwen3Stream:
+        if self.name == "qwen3":
+            return Qwen3Stream(self, "reasoning" if thinking else "content")
         return ReasoningStream(self, thinking)
+
+
+def _first_end(text: str) -> tuple[int, int]:
+    """(where the reasoning ends, where the content starts): at `</think>` (dropped) or at a
+    `<tool_call>` (kept: the call is content), whichever comes first; (-1, -1) if neither."""
+    ends = [(i, i + len(END)) for i in [text.find(END)] if i >= 0]
+    ends += [(i, i) for i in [text.find(TOOL_START)] if i >= 0]
+    return min(ends) if ends else (-1, -1)
+
+
+def _qwen3_split(text: str) -> tuple[str | None, str | None]:
+    """vLLM 0.32's Qwen3Parser on a whole output: as deepseek_r1, but a `<tool_call>` also ends
+    the reasoning, and a later `</think>` is dropped from the content."""
+    end, start = _first_end(text)
+    head = text if end < 0 else text[:end]
+    if START in head:
+        text = text.replace(START, "", 1)
+        end, start = _first_end(text)
+    if end < 0:
+        return text, None
+    return text[:end], text[start:].replace(END, "") or None
 
 
 @dataclass
@@ -99,3 +125,50 @@ class ReasoningStream:
         if before_end:
             return {"content": text}
         return {"reasoning": text}
+
+
+def _overlap(text: str, *tags: str) -> int:
+    """The longest end of `text` that could begin one of `tags`."""
+    return max((k for tag in tags for k in range(min(len(tag) - 1, len(text)), 0, -1)
+                if text.endswith(tag[:k])), default=0)
+
+
+@dataclass
+class Qwen3Stream:
+    """One choice's deltas as vLLM 0.32's Qwen3Parser streams them (its parser engine): the think
+    tags are markup, never text; `</think>` ends the reasoning only as its token (text spelling
+    it out in pieces is text); a `<tool_call>` ends it too; an end of reasoning text that could
+    begin a tag waits for the next delta; whitespace that starts the content waits for the first
+    other character; a later `</think>` token is dropped. Fields that would be empty are left
+    out; nothing to send is None."""
+
+    parser: ReasoningParser
+    state: str = "reasoning"
+    held: str = ""
+    started: bool = False  # content other than whitespace has been sent
+
+    def feed(self, text: str, token_ids: list[int]) -> dict | None:
+        p, out = self.parser, {}
+        text, self.held = self.held + text, ""
+        if self.state == "reasoning":
+            if p.start_id in token_ids:
+                text = text.replace(START, "", 1)
+            end, start = _first_end(text)
+            if end >= 0 and text.startswith(END, end) and p.end_id not in token_ids:
+                end = -1  # "</think>" as plain text, not the token
+            if end < 0:
+                keep = len(text) - _overlap(text, END, TOOL_START)
+                text, self.held = text[:keep], text[keep:]
+                if text:
+                    out["reasoning"] = text
+                return out or None
+            if text[:end]:
+                out["reasoning"] = text[:end]
+            text, self.state = text[start:], "content"
+        if p.end_id in token_ids:
+            text = text.replace(END, "")
+        if not self.started and not text.strip():
+            self.held = text
+        elif text:
+            out["content"], self.started = text, True
+        return out or None
