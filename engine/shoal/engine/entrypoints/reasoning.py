@@ -3,12 +3,12 @@
 DeltaMessage; a replayed assistant message may send it back as `reasoning` or the older
 `reasoning_content`).
 
-Both parsers follow vLLM's: the text before `</think>` is reasoning even without a `<think>`
-(the chat template may have written it into the prompt); `content` is null when nothing follows
-`</think>`; streamed, a delta that is only the start or end token is not sent (vLLM's "skip single
-special tokens"), and a delta that holds `</think>` is split into reasoning and content. qwen3
-also reads the request's `chat_template_kwargs.enable_thinking`: false means no reasoning, the
-whole output is content (vLLM's Qwen3Parser). Streaming decides by token ids, as vLLM does, so
+Both follow vLLM's: the text before `</think>` is reasoning even without a `<think>` (the chat
+template may have written it into the prompt); `content` is null when nothing follows
+`</think>`. deepseek_r1 streams as vLLM's DeepSeekR1ReasoningParser (ReasoningStream): a delta
+that is only the start or end token is not sent, one that holds `</think>` is split in two
+fields. qwen3 streams as vLLM 0.32's Qwen3Parser (Qwen3Stream, see there), and reads the
+request's `chat_template_kwargs.enable_thinking`: false means no reasoning, all content. Streaming decides by token ids, as vLLM does, so
 the ids of `<think>` and `</think>` must be single tokens of the model's vocabulary; a server
 whose tokenizer lacks them fails at start-up, as vLLM's does.
 """
