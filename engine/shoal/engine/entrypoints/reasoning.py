@@ -8,9 +8,9 @@ template may have written it into the prompt); `content` is null when nothing fo
 `</think>`. deepseek_r1 streams as vLLM's DeepSeekR1ReasoningParser (ReasoningStream): a delta
 that is only the start or end token is not sent, one that holds `</think>` is split in two
 fields. qwen3 streams as vLLM 0.32's Qwen3Parser (Qwen3Stream, see there), and reads the
-request's `chat_template_kwargs.enable_thinking`: false means no reasoning, all content. Streaming decides by token ids, as vLLM does, so
-the ids of `<think>` and `</think>` must be single tokens of the model's vocabulary; a server
-whose tokenizer lacks them fails at start-up, as vLLM's does.
+request's `chat_template_kwargs.enable_thinking`: false means no reasoning, all content.
+Streaming decides by token ids, as vLLM does, so `<think>` and `</think>` must be single tokens
+of the model's vocabulary; a server whose tokenizer lacks them fails at start-up, as vLLM's.
 """
 
 from __future__ import annotations
