@@ -253,3 +253,18 @@ def test_an_unknown_field_is_logged_once_and_refused(think, caplog):
         for _ in range(2):
             assert _chat(c, frobnicate_once=1).status_code == 400
     assert sum("frobnicate_once" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_qwen3_coder_tool_calls_over_http(think):
+    engine, client = think
+    xml = "<tool_call>\n<function=weather>\n<parameter=days>\n3\n</parameter>\n</function>"
+    engine.script = [(xml[:30], [5]), (xml[30:], [6])]
+    c = TestClient(build_app(engine, served_model_names=["tiny"], tool_settings=ToolSettings(
+        enable_auto_tool_choice=True, tool_call_parser="qwen3_coder")))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"days": {"type": "integer"}}}}}]
+    call = _chat(c, tools=tools).json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "weather", "arguments": '{"days": 3}'}
+    calls = [tc for ch in _sse(_chat(c, tools=tools, stream=True).text) if ch["choices"]
+             for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
+    assert "".join(tc["function"].get("arguments", "") for tc in calls) == '{"days": 3}'

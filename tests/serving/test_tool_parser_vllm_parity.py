@@ -1,5 +1,6 @@
-"""hermes and pythonic under tool_choice "auto" stream as vLLM 0.32 streams them: the same
-deltas through vLLM's own Hermes2ProToolParser / PythonicToolParser (in the cached vLLM venv,
+"""hermes, pythonic and qwen3_coder under tool_choice "auto" stream as vLLM 0.32 streams them:
+the same deltas through vLLM's own Hermes2ProToolParser / PythonicToolParser / Qwen3Parser (in
+the cached vLLM venv,
 support.vllm_cli) and through ToolCallStream give the same content pieces, names and argument
 fragments; hermes arguments stream as they arrive, not only when the block closes; pythonic
 whole outputs read as vLLM reads them."""
@@ -14,13 +15,21 @@ import pytest
 from shoal.engine.entrypoints.tool_calls import ToolPlan
 from shoal.engine.entrypoints.tool_parsers import ToolCallStream, calls_in
 from support.vllm_cli import ensure_vllm_cli
-from tool_stream_cases import CALL, CASES, PYTHONIC, PYTHONIC_WHOLE, events
+from tool_stream_cases import (
+    CALL,
+    CASES,
+    PYTHONIC,
+    PYTHONIC_WHOLE,
+    QWEN3_CODER,
+    QWEN3_TOOLS,
+    events,
+)
 
 pytestmark = pytest.mark.process
 
 
-def _ours(case: list[str], parser: str = "hermes") -> list:
-    stream = ToolCallStream(ToolPlan("auto", [], parser=parser))
+def _ours(case: list[str], parser: str = "hermes", tools: list | None = None) -> list:
+    stream = ToolCallStream(ToolPlan("auto", tools or [], parser=parser))
     deltas = []
     for n, piece in enumerate(case):
         deltas += stream.feed(piece, final=n == len(case) - 1)
@@ -61,3 +70,22 @@ def test_hermes_arguments_stream_before_the_block_closes():
     assert any((c.get("function") or {}).get("arguments") for d in sent
                for c in d.get("tool_calls", []))
     assert "</tool_call>" not in CALL[:60]
+
+
+def test_qwen3_coder_streams_and_reads_as_vllms_parser(tiny_model, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "config.json"):
+        if (Path(tiny_model) / name).exists():
+            (tmp_path / name).write_bytes((Path(tiny_model) / name).read_bytes())
+    script = Path(__file__).with_name("tool_stream_cases.py")
+    proc = subprocess.run([str(ensure_vllm_cli().python), str(script), "qwen3_coder",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.splitlines()[-1])
+    plan = ToolPlan("auto", QWEN3_TOOLS, parser="qwen3_coder")
+    for case, streamed, (content, calls) in zip(QWEN3_CODER, theirs["streamed"],
+                                                 theirs["whole"], strict=True):
+        assert _ours(case, "qwen3_coder", QWEN3_TOOLS) == streamed, case
+        ours_content, ours_calls = calls_in(plan, "".join(case))
+        assert [ours_content, [[c.name, c.arguments] for c in ours_calls]] == \
+            [content, calls], case

@@ -29,6 +29,25 @@ PYTHONIC = [
 PYTHONIC_WHOLE = [PY, "[f()]", "[f(1)]", " [f()]", "[a.b(x=1)]", "[]", "[f(x=null, y=true)]",
                   "text [f()]", "[f(x=1)] trailing", "[f(x=1)]\n", "[f(x=b'z')]"]
 
+# qwen3_coder: XML calls typed by the tools' schemas (vLLM reads token ids, so its side needs a
+# real tokenizer: `python tool_stream_cases.py qwen3_coder TOKENIZER_DIR`).
+QWEN3_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                     "hot": {"type": "boolean"}, "tags": {"type": "array"}}}}},
+    {"type": "function", "function": {"name": "ping"}}]
+XML = ("<tool_call>\n<function=weather>\n<parameter=city>\nNew\nYork \"x\"\n</parameter>\n"
+       "<parameter=days>\n12\n</parameter>\n<parameter=hot>\ntrue\n</parameter>\n"
+       "<parameter=tags>\n[1, 2]\n</parameter>\n<parameter=extra>\nq\n</parameter>\n"
+       "</function>\n</tool_call>\n<tool_call>\n<function=ping>\n<parameter=a>\nb\n"
+       "</parameter>\n</function>\n</tool_call>")
+QWEN3_CODER = [
+    ["Sure. ", XML[:15], XML[15:40], XML[40:70], XML[70:]],
+    list(XML),
+    [XML[i:i + 5] for i in range(0, len(XML), 5)],
+    [XML],
+    ["no calls", " here"],
+]
+
 
 def events(deltas: list[dict]) -> list:
     """[content pieces, {index: name}, {index: [argument fragments]}] of chat deltas."""
@@ -71,5 +90,37 @@ def _streamed(parser_class, cases) -> list:
     return out
 
 
+def _vllm_qwen3_coder(tokenizer_dir: str) -> dict:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser.engine.adapters import make_adapters
+    from vllm.parser.qwen3 import Qwen3Parser  # not via the registry: it imports mistral's
+    from vllm.tokenizers import get_tokenizer
+
+    _, adapter = make_adapters(Qwen3Parser)
+    tok = get_tokenizer(tokenizer_dir)
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}],
+                                    tools=QWEN3_TOOLS, tool_choice="auto")
+    streamed, whole = [], []
+    for case in QWEN3_CODER:
+        parser, prev, prev_ids, deltas = adapter(tok, request.tools), "", [], []
+        for piece in case:
+            ids = tok.encode(piece, add_special_tokens=False)
+            d = parser.extract_tool_calls_streaming(prev, prev + piece, piece, prev_ids,
+                                                    prev_ids + ids, ids, request)
+            prev, prev_ids = prev + piece, prev_ids + ids
+            if d is not None:
+                deltas.append(d.model_dump(exclude_none=True))
+        streamed.append(events(deltas))
+        got = adapter(tok, request.tools).extract_tool_calls(prev, request)
+        whole.append([got.content, [[c.function.name, c.function.arguments]
+                                    for c in got.tool_calls]])
+    return {"streamed": streamed, "whole": whole}
+
+
 if __name__ == "__main__":
-    print(json.dumps(_vllm()))
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == "qwen3_coder":
+        print(json.dumps(_vllm_qwen3_coder(sys.argv[2])))
+    else:
+        print(json.dumps(_vllm()))

@@ -8,8 +8,8 @@ vLLM's behaviour, with the same grammar machinery as response_format:
 - {"type": "function", "function": {"name": N}}: the output is constrained to N's parameters
   schema and becomes that call's arguments;
 - "auto" (the default when tools are given): generation is free and the tool parser
-  (`--tool-call-parser hermes`) finds `<tool_call>{...}</tool_call>` blocks in it; refused with a
-  400 unless the server runs with `--enable-auto-tool-choice --tool-call-parser hermes`.
+  (`--tool-call-parser hermes|pythonic|qwen3_coder`: tool_parsers.py) finds the calls in it;
+  refused with a 400 unless the server runs with `--enable-auto-tool-choice` and a parser.
 
 Forced calls ("required", named) follow the parameters schema with every object that declares
 `properties` closed to them (`additionalProperties: false` where the schema says nothing):
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import StructuredOutputs
 
-TOOL_CALL_PARSERS = ("hermes", "pythonic")
+TOOL_CALL_PARSERS = ("hermes", "pythonic", "qwen3_coder")
 
 
 @dataclass(frozen=True)

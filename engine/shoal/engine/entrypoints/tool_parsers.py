@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from shoal.engine.entrypoints.pythonic_tool_calls import parse_pythonic
+from shoal.engine.entrypoints.qwen3_coder_tool_calls import parse_qwen3_coder
 from shoal.engine.entrypoints.tool_calls import ToolPlan, new_call_id
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,10 @@ def calls_in(plan: ToolPlan, text: str, final: bool = True,
         return None, [ParsedCall(plan.function_name, text)]
     if plan.mode == "required":
         return None, scan_required(text)
+    if plan.mode == "auto" and plan.parser == "qwen3_coder":
+        content, found = parse_qwen3_coder(text, plan.tools, final, streaming)
+        calls = [ParsedCall(*call) for call in found]
+        return content, calls if plan.parallel else calls[:1]
     if plan.mode == "auto" and plan.parser == "pythonic":
         content, found = parse_pythonic(text, final, streaming)
         if found is None:  # streaming, nothing new can be read yet
