@@ -35,6 +35,10 @@ COMMAND_LINES = [
       "--enforce-eager", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"],
      SERVES),
     ("vLLM's API key by flag, several keys", ["--api-key", "k1", "k2"], SERVES),
+    ("a Qwen3 deployment's tools", ["--enable-auto-tool-choice", "--tool-call-parser",
+                                     "qwen3_coder"], SERVES),
+    # The project's model has no <think> tokens: refused at start-up, as vLLM refuses it.
+    ("a Qwen3 deployment's reasoning", ["--reasoning-parser", "qwen3"], "--reasoning-parser"),
     ("llm-d decode pod (NIXL KV transfer)",
      ["--port", "8200", "--enforce-eager", "--block-size", "64", "--kv-transfer-config",
       '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'], "--kv-transfer-config"),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shoal.engine.errors import ConfigError
+
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 START, END = "<think>", "</think>"
 TOOL_START = "<tool_call>"
@@ -40,11 +42,11 @@ class ReasoningParser:
     @classmethod
     def load(cls, name: str, tokenizer) -> ReasoningParser:
         if name not in REASONING_PARSERS:
-            raise ValueError(f"unknown reasoning parser {name!r}; known: {REASONING_PARSERS}")
+            raise ConfigError(f"unknown reasoning parser {name!r}; known: {REASONING_PARSERS}")
         ids = _token_id(tokenizer, START), _token_id(tokenizer, END)
         if None in ids:
-            raise ValueError(f"the {name} reasoning parser could not locate {START} / {END} "
-                             "tokens in the model's tokenizer")
+            raise ConfigError(f"--reasoning-parser {name}: could not locate {START} / {END} "
+                              "tokens in the model's tokenizer (as vLLM refuses it)")
         return cls(name, *ids)
 
     def thinks(self, template_kwargs: dict | None) -> bool:

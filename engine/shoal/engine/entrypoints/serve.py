@@ -311,12 +311,18 @@ async def _serve(llm, args, names: list[str], started: float, defaults: dict) ->
     from shoal.contract.auth import api_keys
     from shoal.engine.entrypoints.api_server import HttpSettings, build_app
     from shoal.engine.entrypoints.tool_calls import ToolSettings
+    from shoal.engine.errors import ConfigError
 
     keys = api_keys(args.api_key, os.environ)
     logger.info("API key: %s", f"{len(keys)} accepted on /v1" if keys else "none (open)")
-    app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
-                    tool_settings=ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser),
-                    http=HttpSettings.from_args(args))
+    tools = ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser,
+                         args.reasoning_parser)
+    try:
+        app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
+                        tool_settings=tools, http=HttpSettings.from_args(args))
+    except ConfigError as exc:  # a flag the model cannot take (e.g. a reasoning parser's tags)
+        llm.shutdown()
+        return _config_error(str(exc))
     state = {"rc": 0, "signalled": False}
     server = _http_server(app, llm, args, state)
     _watch_engine(llm, server, state)

@@ -14,6 +14,7 @@ import sys
 from shoal.contract import auth
 from shoal.engine.config import PERFORMANCE_MODES
 from shoal.engine.entrypoints import vllm_flags
+from shoal.engine.entrypoints.reasoning import REASONING_PARSERS
 from shoal.engine.generation_config import SOURCES_HELP
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
@@ -216,6 +217,9 @@ def _tool_flags(tools) -> None:
                             "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
                             "; pythonic = [f(a=1), g()]; qwen3_coder = <tool_call><function=f>"
                             "<parameter=a>1</parameter></function></tool_call>")
+    tools.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,
+                       help="split the model's thinking from its answer: deepseek_r1 or qwen3 "
+                            "(<think>...</think>), returned as `reasoning` (vLLM's field)")
 
 
 def _server_flags(srv) -> None:

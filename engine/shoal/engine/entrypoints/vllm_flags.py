@@ -130,7 +130,9 @@ FLAGS: tuple[Flag, ...] = tuple(
                "--tool-parser-plugin=")
     + _no_effect("shoal closes tool-argument grammars to the declared properties "
                  "(docs/serving.md); the level cannot be chosen", "--tool-strict-level")
-    + _refused("reasoning parsers are not implemented yet", "--reasoning-parser=",
+    + _honoured("as vLLM, for deepseek_r1 and qwen3 (others exit 2 naming them)",
+                "--reasoning-parser")
+    + _refused("reasoning is split by --reasoning-parser; a plugin file is not loaded",
                "--reasoning-parser-plugin=")
     + _no_effect("Cohere's and Anthropic's APIs are not served (those paths answer 404)",
                  "--cohere-is-reasoning-model:bool", "--cohere-format",
