@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from fastapi.testclient import TestClient
 from shoal.contract.auth import KeyCheck, api_keys
 from shoal.router import main as router_main
-from shoal.router.app import common_app
+from shoal.router.app import Surface, common_app
 from shoal.router.gateway import build_parser as gateway_parser
 
 
@@ -46,8 +46,11 @@ def _app(keys: list[str]) -> TestClient:
     async def lifespan(app):
         yield
 
-    app, _ = common_app("test", lifespan, keys, forward)
-    return TestClient(app)
+    async def metrics() -> bytes:
+        return b""
+
+    surface = Surface(forward=forward, models=lambda: [], unready=lambda: None, metrics=metrics)
+    return TestClient(common_app("test", lifespan, keys, surface))
 
 
 def test_both_routers_refuse_a_request_without_one_of_the_keys(monkeypatch):

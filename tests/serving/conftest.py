@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support.servers import ServeProcess
+from support.servers import ServeProcess, healthy_server
 
 
 @pytest.fixture
@@ -18,3 +18,10 @@ def serve_factory(tiny_model, tmp_path):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tmp_path_factory):
+    """One healthy `shoal serve` on the tiny model at the shipped settings, per module."""
+    with healthy_server(tiny_model, tmp_path_factory) as s:
+        yield s

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from peer_tools import ensure_clients
-from support.servers import MODEL_NAME, ServeProcess, healthy_server
+from support.servers import MODEL_NAME, ServeProcess
 
 pytestmark = pytest.mark.process
 
@@ -84,12 +84,6 @@ def test_a_manifests_command_line_serves_or_is_refused_naming_the_flag(
 @pytest.fixture(scope="module")
 def clients():
     return ensure_clients()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, tmp_path_factory):
-    with healthy_server(tiny_model, tmp_path_factory) as s:
-        yield s
 
 
 def _run_client(bin_dir: Path, script: str, url: str) -> dict:

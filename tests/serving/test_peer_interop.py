@@ -13,7 +13,7 @@ import httpx
 import pytest
 from peer_tools import command, ensure_peer_tools
 from support.net import free_port
-from support.servers import MODEL_NAME, ServerProcess, healthy_server
+from support.servers import MODEL_NAME, ServerProcess
 
 pytestmark = pytest.mark.process
 
@@ -24,12 +24,6 @@ COMPLETION = {"model": MODEL_NAME, "prompt": "def fibonacci(n):", "max_tokens": 
 @pytest.fixture(scope="module")
 def peers():
     return ensure_peer_tools()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model, tmp_path_factory):
-    with healthy_server(tiny_model, tmp_path_factory) as s:
-        yield s
 
 
 def _router(argv: list[str], tmp, port: int) -> ServerProcess:

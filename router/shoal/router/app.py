@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import httpx
 from fastapi import FastAPI, Request
@@ -109,10 +110,23 @@ class Unauthorized(Exception):
 Forward = Callable[[Request, str, bytes], Awaitable[Response]]
 
 
-def common_app(title: str, lifespan, api_keys: list[str],
-               forward: Forward) -> tuple[FastAPI, object]:
-    """A FastAPI app with the routers' error handlers, the PROXIED routes (each handed to
-    `forward(request, path, body)` after the API key check) and /version; and the key check."""
+@dataclass(frozen=True)
+class Surface:
+    """What one router answers itself; the routes around it are the same for both routers.
+
+    forward(request, path, body): a PROXIED request, after the API key check; models(): the
+    (served name, root) pairs of /v1/models; unready(): why /health is 503, None when ready;
+    metrics(): the /metrics body."""
+
+    forward: Forward
+    models: Callable[[], list[tuple[str, str]]]
+    unready: Callable[[], str | None]
+    metrics: Callable[[], Awaitable[bytes]]
+
+
+def common_app(title: str, lifespan, api_keys: list[str], surface: Surface) -> FastAPI:
+    """The routers' FastAPI app: their error handlers, the API key check, the PROXIED routes,
+    /v1/models, /health, /metrics and /version."""
     keys = KeyCheck(api_keys)
     app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
@@ -136,7 +150,7 @@ def common_app(title: str, lifespan, api_keys: list[str],
         async def handler(request: Request) -> Response:
             if protected:
                 check_key(request)
-            return await forward(request, path, await request.body())
+            return await surface.forward(request, path, await request.body())
 
         handler.__name__ = "proxy_" + path.strip("/").replace("/", "_")
         return handler
@@ -144,11 +158,27 @@ def common_app(title: str, lifespan, api_keys: list[str],
     for path in PROXIED:
         app.add_api_route(path, proxied(path, path.startswith("/v1")), methods=["POST"])
 
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        return model_list(surface.models(), int(time.time()))
+
+    @app.get("/health")
+    async def health():
+        why = surface.unready()
+        if why:
+            return error_response(503, why, "ServiceUnavailableError")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(await surface.metrics(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/version")
     async def version():
         return {"version": __version__}
 
-    return app, check_key
+    return app
 
 
 def build_app(router: Router) -> FastAPI:
@@ -156,25 +186,15 @@ def build_app(router: Router) -> FastAPI:
         return await router.proxy.forward(request, path, body,
                                           prefix=request_keys(router.affinity, body))
 
-    app, check_key = common_app("shoal router", router.lifespan, router.api_keys, forward)
-    app.state.router = router
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_key(request)
-        created = int(time.time())
-        return model_list([(name, router.default_model or name) for name in router.model_names()],
-                          created)
-
-    @app.get("/health")
-    async def health():
-        if router.picker.usable():
-            return Response(status_code=200)
-        return error_response(503, router.unready_reason(), "ServiceUnavailableError")
-
-    @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> bytes:
         router.refresh_gauges()
-        return Response(router.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return router.metrics.render()
 
+    surface = Surface(
+        forward=forward,
+        models=lambda: [(name, router.default_model or name) for name in router.model_names()],
+        unready=lambda: None if router.picker.usable() else router.unready_reason(),
+        metrics=metrics)
+    app = common_app("shoal router", router.lifespan, router.api_keys, surface)
+    app.state.router = router
     return app

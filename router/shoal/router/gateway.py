@@ -21,18 +21,16 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract import auth
 from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
 from shoal.router import aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
-from shoal.router.app import background, common_app, model_list
+from shoal.router.app import Surface, background, common_app
 from shoal.router.errors import error_response
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
@@ -117,31 +115,20 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
                                       prefix=request_keys(gw.affinity, body))
 
-    app, check_key = common_app("shoal gateway", gw.lifespan, gw.api_keys, forward)
-    app.state.gateway = gw
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_key(request)
-        created = int(time.time())
-        return model_list([(name, name) for name in sorted(gw.fleet.models())], created)
-
-    @app.get("/health")
-    async def health():
-        why = gw.not_ready()
-        if why:
-            return error_response(503, why, "ServiceUnavailableError")
-        return Response(status_code=200)
-
-    @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> bytes:
+        """The gateway's own series, then every group's vllm:* summed per model."""
         gw.metrics.listed.set(len(gw.picker.states))
         gw.metrics.usable.set(len(gw.picker.usable()))
         gw.metrics.discovery_valid.set(0 if gw.not_ready() else 1)
         urls = sorted({s.group.url for s in gw.picker.states.values()})
         fleet = aggregate.aggregate(await aggregate.scrape(gw.client, urls))
-        return Response(gw.metrics.render() + fleet.encode(), media_type=CONTENT_TYPE_LATEST)
+        return gw.metrics.render() + fleet.encode()
 
+    surface = Surface(forward=forward,
+                      models=lambda: [(name, name) for name in sorted(gw.fleet.models())],
+                      unready=gw.not_ready, metrics=metrics)
+    app = common_app("shoal gateway", gw.lifespan, gw.api_keys, surface)
+    app.state.gateway = gw
     return app
 
 
