@@ -51,10 +51,14 @@ class Cause(str, enum.Enum):
     STALLED = "stalled"  # not Ready past the start-up deadline (set by the operator)
     UNEXPECTED_EXIT = "unexpected_exit"  # exited (even with 0) when the operator did not ask
     UNKNOWN = "unknown"  # plain text or nothing at all: the message is the log tail
+    # The model fetch (shoal.contract.model_fetch), appended in issue 23:
+    MODEL_ACCESS_DENIED = "model_access_denied"  # 401/403 or a gated repository: permanent
+    DOWNLOAD_FAILED = "download_failed"  # network or hub error: transient, retried with back-off
 
 
 # Restarting the group cannot fix these; the operator stops and says so in a condition.
-PERMANENT_CAUSES = frozenset({Cause.CONFIG_ERROR, Cause.MODEL_NOT_FOUND})
+PERMANENT_CAUSES = frozenset({Cause.CONFIG_ERROR, Cause.MODEL_NOT_FOUND,
+                              Cause.MODEL_ACCESS_DENIED})
 
 
 def is_permanent(cause: Cause | str) -> bool:
