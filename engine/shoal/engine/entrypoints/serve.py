@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_vllm_flags(args) or _check_parallelism(args)
     if problem:
         return _config_error(problem)
+    _choose_device(args)
     config = _engine_config(args)
     if isinstance(config, int):
         return config
@@ -148,6 +149,15 @@ def _sampling_defaults(args):
     if defaults:
         logger.info("%s", generation_config.describe(defaults, args.generation_config))
     return defaults
+
+
+def _choose_device(args) -> None:
+    """--device auto made concrete before the batch defaults, which depend on it (one line)."""
+    from shoal.engine.device import choose_device, probe_cuda
+
+    choice = choose_device(args.device, probe_cuda() if args.device == "auto" else None)
+    logger.info("%s", choice.log_line)
+    args.device = choice.device
 
 
 def _engine_config(args):

@@ -155,7 +155,9 @@ def _model_flags(eng) -> None:
     eng.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction,
                      default=False, help="accepted; a model whose config.json names remote "
                                          "code (auto_map) is refused: shoal runs its own classes")
-    eng.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    eng.add_argument("--device", default="auto",
+                     help="cpu, cuda, cuda:N or auto (CUDA when torch sees a GPU, else the "
+                          "CPU; the start-up line `device: ...` says which and why)")
     eng.add_argument("--seed", type=int, default=0,
                      help="seed of the engine's generator for unseeded sampled requests")
     eng.add_argument("--num-threads", type=int, default=None,

@@ -12,6 +12,7 @@ import os
 import torch
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from shoal.engine.device import CudaProbe, choose_device
 from shoal.engine.worker.cpu.cpus import usable_cpus
 from shoal.engine.worker.model_runner import ModelRunner
 
@@ -19,11 +20,18 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device for a config's device (`auto` chosen here, in-process, where torch is
+    loaded anyway: the offline LLM; `shoal serve` passes the frontend's choice)."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        seen = torch.cuda.is_available()
+        detail = (f"torch sees {torch.cuda.device_count()} CUDA device(s)" if seen else
+                  "torch sees no CUDA device (torch.cuda.is_available() is False)")
+        choice = choose_device(name, CudaProbe(seen, detail))
+        log.info("%s", choice.log_line)
+        name = choice.device
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but torch sees no CUDA device; use "
-                         "device='cpu'.")
+        raise ValueError(f"device {name!r} requested but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use --device cpu or auto.")
     return torch.device(name)
 
 

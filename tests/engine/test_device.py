@@ -1,0 +1,49 @@
+"""`--device auto`: the choice as a table over the probe's answer, and the probe against torch's
+own answer on this machine (this machine has no GPU: the CUDA branch is the table's)."""
+
+from __future__ import annotations
+
+import pytest
+from shoal.engine.device import CudaProbe, DeviceChoice, choose_device, probe_cuda, torch_build
+from shoal.engine.entrypoints.serve_flags import build_parser
+
+GPU = CudaProbe(True, "torch 2.13.0+cu128 sees 2 CUDA device(s)")
+NO_GPU = CudaProbe(False, "torch 2.13.0+cpu is built without CUDA")
+
+
+@pytest.mark.parametrize("requested, probe, device, why", [
+    ("auto", GPU, "cuda", "--device auto: torch 2.13.0+cu128 sees 2 CUDA device(s)"),
+    ("auto", NO_GPU, "cpu", "--device auto: torch 2.13.0+cpu is built without CUDA; "
+                            "running on the CPU"),
+    ("cpu", None, "cpu", "--device cpu"),
+    ("cpu", GPU, "cpu", "--device cpu"),  # asked for: kept, even with a GPU
+    ("cuda", NO_GPU, "cuda", "--device cuda"),  # asked for: the engine says torch sees none
+    ("cuda:1", None, "cuda:1", "--device cuda:1"),
+])
+def test_choose_device(requested, probe, device, why):
+    assert choose_device(requested, probe) == DeviceChoice(device, why)
+
+
+def test_auto_without_a_probe_is_a_bug_not_a_guess():
+    with pytest.raises(ValueError, match="probe"):
+        choose_device("auto", None)
+
+
+def test_the_log_line_says_which_and_why():
+    assert choose_device("auto", NO_GPU).log_line == (
+        "device: cpu (--device auto: torch 2.13.0+cpu is built without CUDA; running on the CPU)")
+
+
+def test_serve_defaults_to_auto():
+    assert build_parser().parse_args(["m"]).device == "auto"
+
+
+def test_the_torch_free_probe_agrees_with_torch():
+    import torch
+
+    build = torch_build()
+    assert build is not None
+    assert (build["__version__"], build["cuda"]) == (torch.__version__, torch.version.cuda)
+    probe = probe_cuda()
+    assert probe.available == torch.cuda.is_available(), probe
+    assert torch.__version__ in probe.detail
