@@ -8,7 +8,8 @@
 #
 # The engine image runs engine ranks (`shoal serve`); it is the InferenceEngine's default
 # `spec.image`. The router image runs the per-engine frontends (`shoal router`) and the fleet
-# gateway (`shoal gateway`): HTTP only, no torch, no model.
+# gateway (`shoal gateway`): HTTP only, no torch, no model; and the model fetcher (`shoal fetch`,
+# huggingface_hub), the init container of an engine pod whose model is hf://.
 #
 # The CUDA engine image is images/engine-cuda/Dockerfile. Both targets run as uid 10001 with
 # tini as PID 1: tini forwards SIGTERM to the whole process group (the engine's frontend,
@@ -42,6 +43,7 @@ COPY contract/ contract/
 COPY engine/ engine/
 COPY router/ router/
 COPY operator/ operator/
+COPY fetch/ fetch/
 COPY cli/ cli/
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("shoal.router.main", "Route one InferenceEngine's requests to its engine groups."),
     "gateway": ("shoal.router.gateway",
                 "Route by model across every InferenceEngine (fleet gateway)."),
+    "fetch": ("shoal.fetch.cli",
+              "Download a hub model (hf://ORG/NAME[@REV]) into a Hugging Face cache, once."),
     "make-model": ("shoal.engine.model_maker",
                    "Write the project's small Llama model to a directory."),
 }

@@ -1,0 +1,141 @@
+"""One fetch: learn the files from the hub, download what the cache lacks, verify, record.
+
+Under the repository's lock (lock.py):
+1. A fetch that waited for another trusts the record that one wrote while it waited (the same
+   commit, the same files by stat) and answers "cached" without calling the hub: N ranks of M
+   groups sharing a cache make one set of hub calls, not N x M.
+2. Otherwise `model_info(files_metadata=True)` gives the commit and every engine file's size and
+   hash. A snapshot whose files match (a record, or hashing them once) is "cached".
+3. Otherwise `snapshot_download` at that commit (so the metadata and the files agree even when
+   the branch moves meanwhile), progress lines meanwhile, then every file is checked; a bad file's
+   blob is deleted (HashMismatch: transient, the next try downloads it again).
+The revision's ref (refs/REVISION -> commit) is written last, so an offline reader (`shoal serve
+ORG/NAME --download-dir DIR`, vLLM) resolves the revision only to a verified snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.contract.model_fetch import ENGINE_FILES, HubRef
+from shoal.fetch import verify
+from shoal.fetch.errors import HashMismatch, NoEngineFiles
+from shoal.fetch.lock import repo_lock
+from shoal.fetch.progress import Reporter, bytes_present
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Result:
+    commit: str
+    files: int
+    total_bytes: int
+    downloaded_bytes: int  # 0 when cached
+    seconds: float
+    cached: bool
+
+
+def write_ref(cache_dir: str | os.PathLike, ref: HubRef, commit: str) -> None:
+    """refs/REVISION -> commit, atomically, as huggingface_hub writes it (no newline)."""
+    if ref.revision == commit:
+        return
+    path = verify.storage_folder(cache_dir, ref.repo_id) / "refs" / ref.revision
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file() and path.read_text() == commit:
+        return
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, path)
+
+
+def read_ref(cache_dir: str | os.PathLike, ref: HubRef) -> str | None:
+    if _COMMIT.fullmatch(ref.revision):
+        return ref.revision
+    try:
+        text = (verify.storage_folder(cache_dir, ref.repo_id) / "refs" / ref.revision).read_text()
+    except OSError:
+        return None
+    return text.strip() if _COMMIT.fullmatch(text.strip()) else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / _GIB:.2f} GiB"
+
+
+def _trust_the_one_waited_for(cache_dir, ref: HubRef, since: float) -> Result | None:
+    commit = read_ref(cache_dir, ref)
+    if commit is None:
+        return None
+    record = verify.record_path(cache_dir, ref.repo_id, commit)
+    try:
+        fresh = record.stat().st_mtime >= since - 1.0
+    except OSError:
+        return None
+    files = verify.recorded_files(cache_dir, ref.repo_id, commit) if fresh else None
+    if not files or not verify.record_holds(cache_dir, ref.repo_id, commit, files):
+        return None
+    return Result(commit, len(files), sum(f.size for f in files), 0, 0.0, True)
+
+
+def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
+          emit: Callable[[str], None], max_workers: int = 8) -> Result:
+    """Fetch `ref` into `cache_dir` (a huggingface_hub cache); raises what the hub raised, or
+    HashMismatch / NoEngineFiles."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    say = lambda text: emit(f"fetch {ref.repo_id}@{ref.revision}: {text}")  # noqa: E731
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with repo_lock(cache_dir, ref, on_wait=lambda p: say(f"waiting for another fetch ({p})")) \
+            as held:
+        if held.waited:
+            done = _trust_the_one_waited_for(cache_dir, ref, held.wait_began)
+            if done is not None:
+                say(f"cached (commit {done.commit[:12]}, {done.files} files, "
+                    f"{_gib(done.total_bytes)}, verified by the fetch this one waited "
+                    f"{held.waited_s:.1f} s for)")
+                return done
+        info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True,
+                                  token=token)
+        commit = info.sha
+        expected = verify.expected_files(info.siblings)
+        if not expected:
+            names = ", ".join(s.rfilename for s in (info.siblings or ())[:8]) or "none"
+            raise NoEngineFiles(f"none of {', '.join(ENGINE_FILES)} among its files: {names}")
+        total = sum(e.size for e in expected)
+        snapshot = verify.snapshot_dir(cache_dir, ref.repo_id, commit)
+        if verify.record_holds(cache_dir, ref.repo_id, commit, expected) or (
+                snapshot.is_dir() and not verify.check(snapshot, expected)):
+            verify.write_record(cache_dir, ref.repo_id, commit, expected)
+            write_ref(cache_dir, ref, commit)
+            say(f"cached (commit {commit[:12]}, {len(expected)} files, {_gib(total)})")
+            return Result(commit, len(expected), total, 0, time.monotonic() - t0, True)
+        blobs = verify.storage_folder(cache_dir, ref.repo_id) / "blobs"
+        before = bytes_present(blobs, expected)
+        say(f"start (commit {commit[:12]}, {len(expected)} files, {_gib(total)}, "
+            f"{_gib(total - before)} to download)")
+        with Reporter(ref, blobs, expected, emit):
+            snapshot_download(ref.repo_id, revision=commit, cache_dir=str(cache_dir),
+                              allow_patterns=list(ENGINE_FILES), token=token,
+                              max_workers=max_workers)
+        bad = verify.check(snapshot, expected)
+        for problem in bad:
+            verify.remove_bad(problem)
+        if bad:
+            raise HashMismatch("; ".join(f"{p.name}: {p.what}" for p in bad))
+        verify.write_record(cache_dir, ref.repo_id, commit, expected)
+        write_ref(cache_dir, ref, commit)
+        seconds = time.monotonic() - t0
+        got = total - before
+        say(f"done in {seconds:.1f} s (commit {commit[:12]}, {len(expected)} files, "
+            f"{_gib(got)} downloaded, {got / _GIB / max(seconds, 1e-9):.2f} GiB/s)")
+        return Result(commit, len(expected), total, got, seconds, False)
+
