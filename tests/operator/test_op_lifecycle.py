@@ -117,7 +117,12 @@ def _table(kube, ns):
         ({"restartPolicy": {"policy": "Sometimes"}}, "spec.restartPolicy.policy"),
         ({"shutdown": {"timeoutSeconds": -5}}, "spec.shutdown.timeoutSeconds"),
         ({"model": ""}, "spec.model"),
-        ({"model": "hf://Qwen/Qwen2.5-7B"}, "spec.model"),  # not implemented yet
+        ({"model": "hf://Qwen"}, "spec.model"),  # no NAME
+        ({"model": "hf://Qwen/Qwen 2@main"}, "spec.model"),  # a space
+        ({"model": "oci://GHCR.io/org/m:1"}, "spec.model"),  # not a lowercase reference
+        ({"model": "s3://bucket/m"}, "spec.model"),  # unknown scheme
+        ({"modelAuth": {"key": "t"}}, "spec.modelAuth.secretName"),
+        ({"modelCache": {"hostPath": {"path": "rel"}}}, "spec.modelCache.hostPath.path"),
         ({"model": "pvc://Weights/m"}, "spec.model"),  # not a claim name
         ({"model": "pvc://w/../m"}, "spec.model"),  # out of the claim
         ({"engine": {"template": {"spec": {"tolerations": [{"operator": "Sometimes"}]}}}},

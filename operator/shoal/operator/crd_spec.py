@@ -4,10 +4,16 @@ defined). Enums come from the str enums the operator reads the fields as."""
 
 from __future__ import annotations
 
+from shoal.contract import model_fetch as mf
 from shoal.contract.routing import ROUTINGS
 from shoal.operator import labels as L
 from shoal.operator.crd_template import template_schema
-from shoal.operator.model_source import MODEL_PATTERN, NOT_YET, PVC_MOUNT_DIR
+from shoal.operator.model_source import (
+    MODEL_PATTERN,
+    OCI_MODEL_DIR,
+    OCI_MOUNT_DIR,
+    PVC_MOUNT_DIR,
+)
 from shoal.operator.openapi import obj, opaque, typed, values
 from shoal.operator.spec import DEFAULTS, RestartPolicyType, Runtime
 from shoal.operator.template import FRONTEND_OWNED_POD
@@ -174,6 +180,54 @@ def _model_volume() -> dict:
     )
 
 
+def _model_cache() -> dict:
+    return obj(
+        "modelCache is where an hf:// model is downloaded to and read from, mounted at "
+        f"`{mf.CACHE_MOUNT}` (read-write in the `model-fetch` init container, read-only in the "
+        "engine) and laid out as the Hugging Face cache (`hub/models--ORG--NAME`). Name one of "
+        "`persistentVolumeClaim` (one cache every group shares: ReadWriteMany, or "
+        "ReadWriteOnce with every engine pod on one node; N ranks of M groups download the "
+        "model once, the others wait on its lock) or `hostPath` (a directory on each node: "
+        "one download per node). The fetcher runs as UID 10001: the cache must be writable "
+        "by it (`engine.template.spec.securityContext.fsGroup: 10001` for most claims; a "
+        "hostPath directory owned by or writable for 10001). Only with an hf:// model. "
+        "Example: `{persistentVolumeClaim: {claimName: model-cache}}`. Default: an emptyDir "
+        "per pod (every pod downloads the model itself).",
+        {
+            "persistentVolumeClaim": obj(
+                "persistentVolumeClaim: a claim in the InferenceEngine's namespace that every "
+                "engine pod mounts. Example: `{claimName: model-cache}`.",
+                {"claimName": typed("string", "claimName of the PersistentVolumeClaim. "
+                                    "Example: `model-cache`.", minLength=1)},
+                required=["claimName"]),
+            "hostPath": obj(
+                "hostPath: a directory on every node (created if missing). Example: "
+                "`{path: /var/cache/shoal-models}`.",
+                {"path": typed("string", "path of the directory on the node. Example: "
+                               "`/var/cache/shoal-models`.", pattern="^/")},
+                required=["path"]),
+        },
+    )
+
+
+def _model_auth() -> dict:
+    return obj(
+        "modelAuth names the Secret holding the hub token of an hf:// model (gated or private "
+        f"repositories), passed to `model-fetch` as `{mf.TOKEN_ENV}`. A missing Secret keeps "
+        "the pods waiting (the group's message names it); a token the hub refuses fails the "
+        "group for good (`model_access_denied`, naming the repository). Only with an hf:// "
+        "model. Example: `{secretName: hf-token}`. Default: none (public repositories).",
+        {
+            "secretName": typed("string", "secretName is the Secret, in the InferenceEngine's "
+                                "namespace. Example: `hf-token`.", minLength=1),
+            "key": typed("string", "key of the token in the Secret. Example: `token`. Default: "
+                         f"`{DEFAULTS['modelAuth.key']}`.", default=DEFAULTS["modelAuth.key"],
+                         minLength=1),
+        },
+        required=["secretName"],
+    )
+
+
 def _shutdown() -> dict:
     return obj(
         "shutdown says how an engine group stops on scale-down, update and delete: rank 0 "
@@ -225,23 +279,38 @@ def _restart_policy() -> dict:
 
 def spec_schema() -> dict:
     fields = {
-        "model": typed("string", "model is the model to serve: a directory inside the engine "
-                       "container (usually under `modelVolume.mountPath`), a model name the "
-                       "image can resolve, or `pvc://CLAIM/PATH`: the PersistentVolumeClaim "
-                       f"CLAIM mounted read-only at `{PVC_MOUNT_DIR}` in every engine pod and "
-                       f"the engine started on `{PVC_MOUNT_DIR}/PATH` (no `modelVolume` then). "
-                       "Any other `scheme://` is refused at apply: "
-                       f"{', '.join(f'`{s}://`' for s in NOT_YET)} are not implemented yet. "
-                       "Required. Example: `pvc://llm-weights/Qwen2.5-7B-Instruct`.",
+        "model": typed("string", "model is the model to serve, one of: a directory inside the "
+                       "engine container (usually under `modelVolume.mountPath`) or a model "
+                       "name the image can resolve; `pvc://CLAIM/PATH`: the "
+                       f"PersistentVolumeClaim CLAIM mounted read-only at `{PVC_MOUNT_DIR}` in "
+                       f"every engine pod and the engine started on `{PVC_MOUNT_DIR}/PATH`; "
+                       "`hf://ORG/NAME[@REVISION]`: downloaded from the Hugging Face hub (or "
+                       "`hfEndpoint`) by the init container `model-fetch` into `modelCache` "
+                       "(only the files an engine needs; revision default `main`) and served "
+                       "offline from there; `oci://REGISTRY/REPO[:TAG|@DIGEST]`: an image "
+                       f"holding the model directory at `{OCI_MODEL_DIR}` (with a `cp`, as "
+                       "KServe's modelcars), copied into the pod by an init container, or "
+                       "mounted as an image volume where the API server enables them by "
+                       f"default (1.35+), at `{OCI_MOUNT_DIR}`. `modelVolume` is for the first "
+                       "form only. Any other `scheme://` or a malformed reference is refused at "
+                       "apply. Required. Example: `hf://Qwen/Qwen2.5-7B-Instruct@main`.",
                        minLength=1, pattern=MODEL_PATTERN),
         "servedModelName": typed("string", "servedModelName is the name clients put in the "
                                  "OpenAI `model` field. Example: `llama-3-8b`. Default: the "
-                                 "value of `model`."),
+                                 "repo id `ORG/NAME` for an hf:// model, else the value of "
+                                 "`model`."),
         **_image_fields(),
         **_shape_fields(),
         "frontend": _frontend(),
         "engine": _engine(),
         "modelVolume": _model_volume(),
+        "modelCache": _model_cache(),
+        "modelAuth": _model_auth(),
+        "hfEndpoint": typed("string", "hfEndpoint is the hub the `model-fetch` init container "
+                            f"downloads an hf:// model from (`{mf.ENDPOINT_ENV}`): a mirror or "
+                            "a proxy such as a self-hosted hub. Only with an hf:// model. "
+                            "Example: `https://hf-mirror.internal`. Default: the Hugging Face "
+                            "hub.", pattern="^https?://"),
         "shutdown": _shutdown(),
         "restartPolicy": _restart_policy(),
     }

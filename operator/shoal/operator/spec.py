@@ -21,6 +21,7 @@ from shoal.operator import labels as L
 from shoal.operator import model_source
 from shoal.operator.model_source import ModelSource
 from shoal.operator.phases import WireEnum
+from shoal.operator.settings import OperatorSettings
 
 # The images of a release: the engine (the Dockerfile's `engine` target) and the slim router
 # that runs the frontends (`router` target: `shoal router`, no torch). One registry and version.
@@ -64,6 +65,7 @@ DEFAULTS: dict[str, object] = {
     "restartPolicy.backoffMaxSeconds": 300,
     "restartPolicy.maxRestarts": 10,
     "restartPolicy.resetAfterSeconds": 600,
+    "modelAuth.key": "HF_TOKEN",
 }
 
 # The fields that shape an engine pod: a change rolls the groups one by one. Replicas,
@@ -71,6 +73,8 @@ DEFAULTS: dict[str, object] = {
 REVISION_FIELDS = ("model", "servedModelName", "image", "imagePullPolicy", "runtime",
                    "tensorParallelSize", "nodesPerGroup", "masterPort", "engine", "modelVolume",
                    "shutdown")
+# Added later: they count only when set, so that adding them rolled no existing group.
+OPTIONAL_REVISION_FIELDS = ("runtimeVersion", "modelCache", "modelAuth", "hfEndpoint")
 
 
 def content_hash(obj) -> str:
@@ -80,11 +84,10 @@ def content_hash(obj) -> str:
 
 
 def engine_revision(spec: dict) -> str:
-    """Hash of the REVISION_FIELDS of a body's spec. runtimeVersion counts only when set, so
-    that adding the field rolled no existing group."""
+    """Hash of the REVISION_FIELDS of a body's spec, and of the OPTIONAL_REVISION_FIELDS that
+    are set."""
     shaped = {k: spec.get(k) for k in REVISION_FIELDS}
-    if spec.get("runtimeVersion"):
-        shaped["runtimeVersion"] = spec["runtimeVersion"]
+    shaped.update({k: spec[k] for k in OPTIONAL_REVISION_FIELDS if spec.get(k)})
     return content_hash(shaped)
 
 
@@ -160,18 +163,28 @@ class EngineSpec:
     engine_template: dict | None  # pass-through: spec.engine.template
     model_volume: dict | None  # spec.modelVolume as given (validation reads its keys)
     model_mount_path: str
+    model_cache: dict | None  # spec.modelCache as given (hf://: where fetched models are kept)
+    model_auth: dict | None  # spec.modelAuth as given (hf://: the token Secret)
+    hf_endpoint: str  # "" = the hub's default
     shutdown_timeout_seconds: int  # 0 = abort at once
     restart: RestartPolicy
     revision: str  # engine_revision() of the body's spec
+    settings: OperatorSettings = OperatorSettings()  # the operator's own, not the body's
+
+    @property
+    def token_key(self) -> str:
+        return str((self.model_auth or {}).get("key") or DEFAULTS["modelAuth.key"])
 
     @classmethod
-    def of(cls, body: dict) -> EngineSpec:
+    def of(cls, body: dict, settings: OperatorSettings | None = None) -> EngineSpec:
         spec = body.get("spec") or {}
         frontend, engine = spec.get("frontend") or {}, spec.get("engine") or {}
+        source = model_source.parse(str(spec.get("model") or ""))
         return cls(
             model=str(spec.get("model") or ""),
-            source=model_source.parse(str(spec.get("model") or "")),
-            served_model_name=str(spec.get("servedModelName") or spec.get("model") or ""),
+            source=source,
+            served_model_name=str(spec.get("servedModelName")
+                                  or (source.arg if source.is_hf else spec.get("model")) or ""),
             image=str(_get(spec, "image")),
             image_pull_policy=str(_get(spec, "imagePullPolicy")),
             runtime=Runtime(_get(spec, "runtime")),
@@ -192,6 +205,9 @@ class EngineSpec:
             engine_template=engine.get("template") or None,
             model_volume=spec.get("modelVolume"),
             model_mount_path=str(_get(spec, "modelVolume.mountPath")),
+            model_cache=spec.get("modelCache"),
+            model_auth=spec.get("modelAuth"),
+            hf_endpoint=str(spec.get("hfEndpoint") or ""),
             shutdown_timeout_seconds=int(_get(spec, "shutdown.timeoutSeconds")),
             restart=RestartPolicy(
                 policy=RestartPolicyType(_get(spec, "restartPolicy.policy")),
@@ -201,9 +217,10 @@ class EngineSpec:
                 reset_after_seconds=int(_get(spec, "restartPolicy.resetAfterSeconds")),
             ),
             revision=engine_revision(spec),
+            settings=settings or OperatorSettings(),
         )
 
 
-def parse(body: dict) -> tuple[EngineRef, EngineSpec]:
+def parse(body: dict, settings: OperatorSettings | None = None) -> tuple[EngineRef, EngineSpec]:
     """The body's identity and typed spec: what a pass (or a test) hands to render and plan."""
-    return EngineRef.of(body), EngineSpec.of(body)
+    return EngineRef.of(body), EngineSpec.of(body, settings or OperatorSettings())

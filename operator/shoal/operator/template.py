@@ -1,5 +1,6 @@
 """A user's pod template (`spec.engine.template`, `spec.frontend.template`) merged over the pod
-the operator renders, as a strategic merge patch does: maps merge, containers, init containers,
+the operator renders, as a strategic merge patch does: maps merge, containers, init containers
+(the operator's own, such as `model-fetch`, run first),
 volumes, image pull secrets and env merge by name, volume mounts by mount path; tolerations,
 topology spread constraints and affinity terms are added to the operator's own (a multi-node
 group keeps its one-rank-per-node anti-affinity).
@@ -135,10 +136,14 @@ def _container_problems(at: str, spec: dict, base: dict, main: str) -> list[str]
         out.append(f"{at}: container name {dup!r} is used twice")
     ours = next(c for c in base["containers"] if c["name"] == main)
     ports = {p["containerPort"] for p in ours.get("ports") or []}
+    inits = {c["name"] for c in base.get("initContainers") or []}
     for part in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(part) or []):
             if not c.get("name"):
                 out.append(f"{at}.{part}[{i}] needs a name (containers merge by name)")
+            elif c["name"] in inits:
+                out.append(f"{at}.{part}[{c['name']}] is set by the operator: it is the init "
+                           "container that brings spec.model into the pod")
             elif part == "containers" and c["name"] == main:
                 out += _main_problems(f"{at}.containers[{main}]", c, ours)
             else:

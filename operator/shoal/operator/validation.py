@@ -54,11 +54,38 @@ def spec_problems(name: str, spec: EngineSpec) -> list[str]:
                         f"backoffBaseSeconds ({base})")
     if spec.model_volume is not None:
         problems += _volume_problems(spec.model_volume.get("volume") or {})
-    problems += model_source.problems(spec.model)
-    if spec.source.is_pvc and spec.model_volume is not None:
-        problems.append("spec.modelVolume must not be set with a pvc:// model: the claim is "
-                        "mounted as the model volume")
+    problems += model_source.problems(spec.model) + source_problems(spec)
     return problems + template_problems(name, spec) + vllm_version.problems(spec)
+
+
+# Fields that only an hf:// model uses, and what they are for.
+HF_ONLY = {"modelCache": "model_cache", "modelAuth": "model_auth", "hfEndpoint": "hf_endpoint"}
+CACHE_SOURCES = ("persistentVolumeClaim", "hostPath")
+
+
+def source_problems(spec: EngineSpec) -> list[str]:
+    """The model source's fields agree with spec.model: each is refused, named, where the source
+    would not use it."""
+    source, out = spec.source, []
+    if source.fetched and spec.model_volume is not None:
+        out.append(f"spec.modelVolume must not be set with a {source.scheme}:// model: the "
+                   "operator mounts the model's volume itself")
+    if not source.is_hf:
+        out += [f"spec.{name} is used only with an hf:// model (spec.model is {spec.model!r})"
+                for name, attr in HF_ONLY.items() if getattr(spec, attr) not in (None, "")]
+        return out
+    cache = spec.model_cache or {}
+    given = [k for k in cache if k in CACHE_SOURCES]
+    if spec.model_cache is not None and len(given) != 1:
+        out.append("spec.modelCache must name exactly one of persistentVolumeClaim.claimName "
+                   f"or hostPath.path; found {given or 'none'}")
+    for k in given:
+        leaf = "claimName" if k == "persistentVolumeClaim" else "path"
+        if not (cache.get(k) or {}).get(leaf):
+            out.append(f"spec.modelCache.{k}.{leaf} is required")
+    if spec.model_auth is not None and not spec.model_auth.get("secretName"):
+        out.append("spec.modelAuth.secretName is required: the Secret that holds the hub token")
+    return out
 
 
 def template_problems(name: str, spec: EngineSpec) -> list[str]:
