@@ -47,6 +47,15 @@ app.kubernetes.io/part-of: shoal
 {{- end -}}
 {{- end -}}
 
+{{- define "shoal.fetchImage" -}}
+{{- $img := .Values.modelFetch.image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "shoal.namespaced" -}}
 {{- if .Values.watchNamespaces }}true{{ end -}}
 {{- end -}}

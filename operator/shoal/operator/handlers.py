@@ -61,8 +61,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_):
     # The root memo: every resource handler's memo is a shallow copy of it, made after the
     # startup handlers ran, so all of them hold this one state.
     memo.shoal = OperatorState(Kube())
-    log.info("shoal-operator started: resync every %.1fs, PDB API %s", RESYNC_SECONDS,
-             memo.shoal.reconciler.pdb_api_version())
+    log.info("shoal-operator started: resync every %.1fs, PDB API %s, %s", RESYNC_SECONDS,
+             memo.shoal.reconciler.pdb_api_version(), memo.shoal.settings)
 
 
 @kopf.on.startup()

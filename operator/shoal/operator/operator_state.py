@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shoal.operator import pod_index
+from shoal.operator import pod_index, settings
 from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Outcome, Reconciler, listed_pods
@@ -70,13 +70,25 @@ class StopWaiter:
         self.loop.call_soon_threadsafe(self.event.set)
 
 
+def server_version_info(kube: Kube) -> dict | None:
+    """The API server's /version, read once at start (None, logged, when it cannot be read:
+    the settings then choose what every server runs)."""
+    try:
+        return kube.request("GET", "/version")
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not read the API server's version: %s", e)
+        return None
+
+
 class OperatorState:
     def __init__(self, kube: Kube):
         self.pods = pod_index.PodIndex(listed_pods(kube))
         self.drain_probes = DrainProbes(on_change=lambda key: self.wakeups.schedule(key, 0))
         self.wakeups = Wakeups(lambda key: self.run_pass(
             {"metadata": {"namespace": key[0], "name": key[1]}}))
-        self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts)
+        self.settings = settings.from_env(server_version_info(kube))
+        self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts,
+                                     settings=self.settings)
         self.stats = StatsFile(kube, os.environ.get(STATS_ENV))
         self._stop_waiters: dict[str, StopWaiter] = {}  # uid -> its delete handler's waiter
         self._waiters_lock = threading.Lock()

@@ -25,6 +25,7 @@ from shoal.operator.kube import Kube
 from shoal.operator.observed import iso, owned_by, pod_ready, status_differs
 from shoal.operator.phases import GroupPhase
 from shoal.operator.plan import Memory, Observed, Plan, plan
+from shoal.operator.settings import OperatorSettings
 from shoal.operator.spec import EngineRef, EngineSpec, parse
 from shoal.operator.status import engine_status
 
@@ -56,8 +57,10 @@ class Reconciler:
     run drain probes) and the applier; one lock per resource serialises passes."""
 
     def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True,
-                 pods: PodSource | None = None, in_flight: InFlight | None = None):
+                 pods: PodSource | None = None, in_flight: InFlight | None = None,
+                 settings: OperatorSettings | None = None):
         self.kube = kube
+        self.settings = settings or OperatorSettings()
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self.pods = pods or listed_pods(kube)
@@ -92,7 +95,7 @@ class Reconciler:
         """The one place a body is parsed: everything after takes its identity and spec."""
         now = self.clock()
         old = body.get("status") or {}
-        ref, spec = parse(body)
+        ref, spec = parse(body, self.settings)
         observed, memory = self._observe(ref, body), Memory.of(old)
         p = plan(spec, observed, memory, now)
         self.applier.apply(ref, spec, p.actions)

@@ -36,7 +36,6 @@ from shoal.operator.render_engine import (
     engine_env,
     engine_pod,
     group_pods,
-    model_volume,
     operator_pod,
     rank0_probes,
     ranks_service,
@@ -48,7 +47,7 @@ __all__ = [
     "engine_args", "engine_command", "engine_env", "engine_pod", "engine_selector",
     "frontend_args", "frontend_deployment", "frontend_operator_template", "frontend_role",
     "frontend_role_binding", "frontend_service", "frontend_service_account", "grace_seconds",
-    "group_pods", "model_volume", "operator_pod", "pod_disruption_budget", "rank0_probes",
+    "group_pods", "operator_pod", "pod_disruption_budget", "rank0_probes",
     "ranks_service", "render_children", "selector_string",
 ]
 

@@ -1,7 +1,8 @@
 """Engine groups rendered: the headless Service that names every rank, and one pod per rank
 (`NAME-gG-rR`, owned directly by the InferenceEngine, no StatefulSet) with its command line,
-environment and probes, the model's volume (spec.modelVolume or a pvc:// claim), and the user's
-`spec.engine.template` merged over it (template.py). Pure, like render.py."""
+environment and probes, the model's volumes and init container (model_volumes.py, per model
+source), and the user's `spec.engine.template` merged over it (template.py). Pure, like
+render.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from shoal.contract import env as engine_env_names
 from shoal.contract.termination import DEFAULT_PATH as TERMINATION_MESSAGE_PATH
 from shoal.operator import labels as L
 from shoal.operator import template, vllm_version
-from shoal.operator.model_source import PVC_MOUNT_DIR
+from shoal.operator.model_volumes import model_parts
 from shoal.operator.render_common import engine_selector, grace_seconds, metadata, with_hash
 from shoal.operator.spec import EngineRef, EngineSpec, Runtime
 
@@ -52,7 +53,8 @@ def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list
     0.18 gets no `--shutdown-timeout` (it aborts in-flight requests on SIGTERM; see
     docs/vllm-runtime.md)."""
     nodes = spec.nodes_per_group
-    args = ["serve", spec.source.arg, "--served-model-name", spec.served_model_name,
+    model = model_parts(spec)
+    args = ["serve", model.arg, *model.args, "--served-model-name", spec.served_model_name,
             "--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if vllm_version.accepts(spec, "--shutdown-timeout"):
         args += ["--shutdown-timeout", str(spec.shutdown_timeout_seconds)]
@@ -69,7 +71,8 @@ def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list
 
 def engine_env(spec: EngineSpec) -> list[dict]:
     """What the engine reads (shoal.contract.env), the pod's identity from the downward API
-    (for logs, and for `$(POD_NAME)` in engine.extraArgs), then the user's variables."""
+    (for logs, and for `$(POD_NAME)` in engine.extraArgs), the model source's (hf://: offline
+    from the cache), then the user's variables."""
     def field(path: str) -> dict:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -79,7 +82,7 @@ def engine_env(spec: EngineSpec) -> list[dict]:
         {"name": "POD_NAMESPACE", **field("metadata.namespace")},
         {"name": "NODE_NAME", **field("spec.nodeName")},
     ]
-    return env + list(spec.engine_env)
+    return env + model_parts(spec).env + list(spec.engine_env)
 
 
 def rank0_probes(spec: EngineSpec) -> dict:
@@ -115,21 +118,8 @@ def _engine_container(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -
         container.update(rank0_probes(spec))  # headless ranks: no HTTP server, so no probes
     if spec.engine_resources:
         container["resources"] = spec.engine_resources
-    if (volume := model_volume(spec)) is not None:
-        container["volumeMounts"].append({"name": "model", "mountPath": volume[1],
-                                          "readOnly": True})
+    container["volumeMounts"] += model_parts(spec).mounts
     return container
-
-
-def model_volume(spec: EngineSpec) -> tuple[dict, str] | None:
-    """The model's volume (named `model`) and where it is mounted: a pvc:// claim read-only at
-    PVC_MOUNT_DIR, else spec.modelVolume at its mountPath, else none."""
-    if spec.source.is_pvc:
-        claim = {"claimName": spec.source.claim, "readOnly": True}
-        return {"name": "model", "persistentVolumeClaim": claim}, PVC_MOUNT_DIR
-    if spec.model_volume:
-        return {"name": "model", **(spec.model_volume.get("volume") or {})}, spec.model_mount_path
-    return None
 
 
 def _one_rank_per_node(name: str, group: int) -> dict:
@@ -151,9 +141,8 @@ def engine_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
 def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
     """What the operator renders before the template: validation checks a template against
     it."""
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    if (volume := model_volume(spec)) is not None:
-        volumes.append(volume[0])
+    model = model_parts(spec)
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *model.volumes]
     name = L.pod_name(ref.name, group, rank)
     extra = {L.LABEL_GROUP: str(group), L.LABEL_RANK: str(rank), L.LABEL_REVISION: spec.revision}
     pod = {
@@ -167,6 +156,7 @@ def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dic
             # down, and an in-place restart would hide the death from everyone.
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": grace_seconds(spec),
+            **({"initContainers": model.init_containers} if model.init_containers else {}),
             "containers": [_engine_container(ref, spec, group, rank)],
             "volumes": volumes,
         },
