@@ -151,3 +151,36 @@ def test_logprobs_come_in_vllms_offline_shape_and_equal_the_models(llm, tiny_mod
         d = out.prompt_logprobs[p]
         assert abs(d[prompt[p]].logprob - ref[p - 1, prompt[p]].item()) < 1e-3
         assert 1 <= len(d) <= 2
+
+
+def test_priority_under_fcfs_is_refused_in_vllms_words_before_anything_runs(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    with pytest.raises(ValueError, match=r"^Got priority 1 but Priority scheduling is not "
+                                         r"enabled\.$"):
+        llm.generate(["def main(", "import"], greedy, priority=[0, 1])
+    assert not llm.engine_core.has_unfinished_requests()
+    assert len(llm.generate("def main(", greedy, priority=0)) == 1  # 0 is every request's
+
+
+def test_priority_policy_serves_lower_priority_values_first(make_llm, tiny_model, llm):
+    from shoal.engine import wire
+
+    pri = make_llm(tiny_model, max_model_len=256, dtype="float32", max_num_seqs=1,
+                   scheduling_policy="priority")
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    prompts = ["def main(", "import", "class A"]
+    # The same texts as first come, first served: the order changes, not the answers.
+    assert ([o.outputs[0].text for o in pri.generate(prompts, greedy, priority=[2, 0, 1])]
+            == [o.outputs[0].text for o in llm.generate(prompts, greedy)])
+    with pytest.raises(ValueError, match=r"lengths of prompts \(3\) and priority \(2\) must be"):
+        pri.generate(prompts, greedy, priority=[1, 2])
+    # One seat: the engine finishes them in priority order (then arrival), not as they came.
+    core = pri.engine_core
+    for rid, prio in [("late-2", 2), ("low-0", 0), ("mid-1", 1), ("low-0b", 0)]:
+        ids = pri.tokenizer("def main(").input_ids
+        core.add_request(wire.EngineCoreRequest(rid, ids, wire.SamplingParams(
+            temperature=0, max_tokens=2), 0.0, priority=prio))
+    finished = []
+    while core.has_unfinished_requests():
+        finished += [o.request_id for o in core.step().outputs if o.finish_reason is not None]
+    assert finished == ["low-0", "low-0b", "mid-1", "late-2"]

@@ -234,3 +234,80 @@ def test_duplicate_request_id_is_rejected():
     with pytest.raises(ValueError, match="already in the engine"):
         sched.add_request(make_request("a", 3))
     sched.finish_requests("a")
+
+
+# ----- --scheduling-policy (vLLM's fcfs and priority) ------------------------------------------
+
+
+def make_ranked(rid: str, priority: int, arrival: float, num_tokens: int = 8,
+                max_tokens: int = 8) -> Request:
+    params = wire.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return Request(rid, list(range(100, 100 + num_tokens)), params, max_tokens,
+                   arrival_time=arrival, priority=priority)
+
+
+# (rid, priority, arrival time), added in this order
+RANKED = [("a", 2, 1.0), ("b", 0, 3.0), ("c", 0, 2.0), ("d", 1, 0.5), ("e", 0, 2.0)]
+
+
+@pytest.mark.parametrize("policy, admitted", [
+    ("fcfs", ["a", "b", "c", "d", "e"]),  # the order they came in
+    ("priority", ["c", "e", "b", "d", "a"]),  # (priority, arrival, id): lower first
+])
+def test_waiting_requests_are_admitted_in_the_policys_order(policy, admitted):
+    sched = make_scheduler(max_num_seqs=1, policy=policy)
+    for rid, prio, t in RANKED:
+        sched.add_request(make_ranked(rid, prio if policy == "priority" else 0, t))
+    assert [r.request_id for r in sched.waiting] == admitted
+    order = []
+    while sched.has_unfinished_requests():
+        out, _ = run_step(sched)
+        order += [r for r in out.req_ids if r not in order]
+    assert order == admitted
+
+
+@pytest.mark.parametrize("policy, victim, scheduled", [
+    ("fcfs", "c", ["a", "b"]),  # the last admitted
+    ("priority", "b", ["a", "c"]),  # the largest (priority, arrival), though already scheduled
+])
+def test_preemption_picks_the_victim_by_policy(policy, victim, scheduled):
+    # 8 usable blocks of 4 tokens: a, b, c hold 2 each after prefill; the decode step needs a
+    # third block for each and only 2 are free, so one request is preempted.
+    sched = make_scheduler(num_blocks=9, policy=policy)
+    prios = {"a": 0, "b": 5, "c": 1} if policy == "priority" else dict.fromkeys("abc", 0)
+    for t, rid in enumerate("abc"):
+        sched.add_request(make_ranked(rid, prios[rid], float(t)))
+    run_step(sched)
+    out, _ = run_step(sched)
+    assert out.preempted_req_ids == [victim]
+    assert out.req_ids == scheduled
+    assert out.total_num_scheduled_tokens == 2  # the victim's token was given back
+    assert [r.request_id for r in sched.running] == scheduled
+    assert sched.kv.block_ids(victim) == []
+    while sched.has_unfinished_requests():
+        run_step(sched)
+    assert_all_blocks_free(sched)
+
+
+def test_a_preempted_request_waits_in_priority_order_not_at_the_front():
+    sched = make_scheduler(num_blocks=9, policy="priority")
+    for t, (rid, prio) in enumerate([("a", 0), ("b", 5), ("c", 1)]):
+        sched.add_request(make_ranked(rid, prio, float(t)))
+    run_step(sched)
+    sched.add_request(make_ranked("d", 3, 10.0))  # waits: admitted before b, preempted later
+    out, _ = run_step(sched)
+    assert out.preempted_req_ids == ["b"]
+    assert [r.request_id for r in sched.waiting] == ["d", "b"]
+
+
+def test_a_priority_under_fcfs_is_refused_in_vllms_words():
+    sched = make_scheduler()
+    with pytest.raises(ValueError, match=r"^Got priority 3 but Priority scheduling is not "
+                                         r"enabled\.$"):
+        sched.add_request(make_ranked("a", 3, 0.0))
+    assert not sched.has_unfinished_requests()
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="scheduling_policy must be one of"):
+        make_scheduler(policy="lifo")

@@ -44,12 +44,14 @@ class ScriptedEngine:
         self.dead_error, self.is_healthy = None, True
         self.text = "abcdef"
         self.asked: list[tuple[list[int], object]] = []
+        self.priorities: list[int] = []
 
     def _check_available(self) -> None:
         pass
 
-    async def generate(self, ids, params, request_id):
+    async def generate(self, ids, params, request_id, priority=0):
         self.asked.append((list(ids), params))
+        self.priorities.append(priority)
         n = len(self.text) if params.max_tokens is None else min(len(self.text),
                                                                  params.max_tokens)
         for i in range(n):
@@ -300,3 +302,45 @@ def test_ping_is_health_and_invocations_route_by_the_body(served):
         assert c.get("/ping").status_code == 503
     finally:
         engine.is_healthy = True
+
+
+# ----- priority (--scheduling-policy) ---------------------------------------------------
+
+
+PRIORITY_BODIES = [("/v1/completions", {"prompt": "a", "max_tokens": 2}),
+                   ("/v1/chat/completions", {**CHAT, "max_tokens": 2}),
+                   ("/v1/responses", {"input": "a", "max_output_tokens": 2})]
+
+
+@pytest.mark.parametrize("path, body", PRIORITY_BODIES, ids=lambda x: str(x)[:20])
+def test_a_priority_under_fcfs_is_a_400_in_vllms_words(served, path, body):
+    engine, client = served
+    http = client()
+    r = http.post(path, json={**body, "priority": 5})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == (
+        "Got priority 5 but Priority scheduling is not enabled.")
+    r = http.post(path, json=body, headers={"X-Vllm-Priority": "-1"})  # vLLM's header too
+    assert r.status_code == 400 and "Got priority -1 " in r.json()["error"]["message"]
+    assert engine.priorities == []  # nothing reached the engine
+    assert http.post(path, json={**body, "priority": 0}).status_code == 200
+
+
+@pytest.mark.parametrize("path, body", PRIORITY_BODIES, ids=lambda x: str(x)[:20])
+def test_priority_reaches_the_engine_under_the_priority_policy(served, path, body):
+    engine, client = served
+    engine.input_processor.scheduling_policy = "priority"
+    http = client()
+    assert http.post(path, json={**body, "priority": -3}).status_code == 200
+    # the header wins when it is an integer, as vLLM's _get_priority reads it
+    assert http.post(path, json={**body, "priority": 1},
+                     headers={"X-Vllm-Priority": "7"}).status_code == 200
+    assert http.post(path, json={**body, "priority": 2},
+                     headers={"X-Vllm-Priority": "high"}).status_code == 200
+    assert engine.priorities == [-3, 7, 2]
+
+
+def test_a_priority_outside_int64_is_a_400_naming_it(served):
+    _, client = served
+    r = client().post("/v1/completions", json={"prompt": "a", "priority": 2**63})
+    assert r.status_code == 400 and "priority" in r.json()["error"]["message"]

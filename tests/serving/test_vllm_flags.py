@@ -85,7 +85,7 @@ def _check(*argv: str):
     (["--enable-lora"], "--enable-lora"),
     (["--data-parallel-size", "2"], "--data-parallel-size 2"),
     (["--speculative-config", "{}"], "--speculative-config {}"),
-    (["--scheduling-policy", "priority"], "--scheduling-policy priority"),
+    (["--kv-offloading-size", "4"], "--kv-offloading-size 4"),
 ])
 def test_refused_flags_are_named_and_off_values_accepted(argv, refused):
     _, problem = _check(*argv)
@@ -167,6 +167,24 @@ def test_vllm_command_line_starts_and_honours_its_http_flags(tiny_model, tmp_pat
                            "tokens": r["tokens"]}, timeout=30).json()
         assert detok["prompt"] == "[user] hi\n"  # the flag's template, not the model's
         assert "max_model_len 1000" in log
+    finally:
+        s.stop()
+
+
+@pytest.mark.process
+def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
+    """--scheduling-policy priority: a request's priority reaches the engine (not refused)."""
+    s = ServeProcess(tiny_model, tmp_path, "--scheduling-policy", "priority")
+    try:
+        s.wait_healthy()
+        chat = {"model": MODEL_NAME, "max_tokens": 2, "priority": -5,
+                "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": MODEL_NAME, "prompt": "a",
+                                                         "max_tokens": 2},
+                       headers={"X-Vllm-Priority": "3"}, timeout=60)
+        assert r.status_code == 200, r.text
     finally:
         s.stop()
 

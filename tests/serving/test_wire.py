@@ -16,6 +16,7 @@ SP = wire.SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["\n\
 EVERY_STRUCT = [
     SP,
     wire.EngineCoreRequest("req-1", [1, 2, 3], SP, 1700000000.5, eos_token_id=1, wire_handle=7),
+    wire.EngineCoreRequest("req-2", [4], SP, 1.5, wire_handle=8, priority=-2),
     wire.EngineCoreOutput("req-1", [5], wire.FinishReason.STOP, stop_reason=2,
                           num_cached_tokens=16),
     wire.SchedulerStats(3, 4, 0.25, 64, 32, 1, 99),
@@ -116,6 +117,19 @@ def test_per_output_request_vector_is_stable():
     # Append-only: the bytes of a peer from before the append still decode to the same output.
     old = bytes.fromhex("95a57265712d31912a01c000")
     assert msgspec.msgpack.decode(old, type=wire.EngineCoreOutput) == out
+
+
+def test_engine_core_request_appends_priority_and_keeps_the_older_layout():
+    # [request_id, prompt_token_ids, sampling_params, arrival_time, eos_token_id, wire_handle,
+    # priority]: priority (vLLM's) was appended last (0x96 -> 0x97), the rest keeps its bytes.
+    sp = wire.SamplingParams()
+    req = wire.EngineCoreRequest("r", [7], sp, 2.0, eos_token_id=1, wire_handle=3, priority=4)
+    sp_hex = msgspec.msgpack.encode(sp).hex()
+    assert msgspec.msgpack.encode(req).hex() == f"97a1729107{sp_hex}cb4000000000000000010304"
+    # A frontend from before the append sends six fields: the request decodes with priority 0.
+    old = bytes.fromhex(f"96a1729107{sp_hex}cb40000000000000000103")
+    assert msgspec.msgpack.decode(old, type=wire.EngineCoreRequest) == msgspec.structs.replace(
+        req, priority=0)
 
 
 def test_columnar_batch_keeps_everything_that_is_not_a_plain_decode():

@@ -101,12 +101,26 @@ def _engine_args(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k not in NO_OP_ARGS}
 
 
+def _priority_to_seq(priority: int | list[int] | None, num_requests: int) -> list[int]:
+    """One priority per prompt, as vLLM's offline API spreads them (and its error)."""
+    if priority is None:
+        return [0] * num_requests
+    if isinstance(priority, (list, tuple)):
+        if len(priority) != num_requests:
+            raise ValueError(f"The lengths of prompts ({num_requests}) and priority "
+                             f"({len(priority)}) must be the same.")
+        return list(priority)
+    return [priority] * num_requests
+
+
 class LLM:
     def __init__(self, model: str, *, tokenizer: str | None = None,
-                 generation_config: str = "auto", **kwargs) -> None:
+                 generation_config: str = "auto", scheduling_policy: str = "fcfs",
+                 **kwargs) -> None:
         """`generation_config`: vLLM's: "auto" takes the model's generation_config.json
         sampling values as the defaults of a call without SamplingParams
-        (`get_default_sampling_params`), "vllm" ignores them, a directory reads its file."""
+        (`get_default_sampling_params`), "vllm" ignores them, a directory reads its file.
+        `scheduling_policy`: vLLM's, "fcfs" or "priority" (generate's and chat's `priority`)."""
         from shoal.engine.core_client.inproc import InprocClient
         from shoal.engine.frontend.async_llm import _extra_eos_ids
         from shoal.engine.frontend.input_processor import InputProcessor
@@ -118,12 +132,12 @@ class LLM:
         if self.default_sampling_params:
             logger.info("%s", describe(self.default_sampling_params, generation_config))
         self.tokenizer = load_tokenizer(tokenizer or model)
-        self.client = InprocClient(self.config)
+        self.client = InprocClient(self.config, scheduling_policy)
         core = self.client.engine_core
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len=core.max_model_len,
             vocab_size=core.vocab_size or len(self.tokenizer),
-            extra_eos_token_ids=_extra_eos_ids(model))
+            extra_eos_token_ids=_extra_eos_ids(model), scheduling_policy=scheduling_policy)
         self._ids = itertools.count()
         # Totals over every step this LLM ran (from SchedulerStats), for tests and benchmarks.
         self.stats = {"steps": 0, "num_preemptions": 0, "prefix_cache_queries": 0,
@@ -155,17 +169,20 @@ class LLM:
         return None, list(prompt)
 
     def generate(self, prompts, sampling_params: wire.SamplingParams | list | None = None, *,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: int | list[int] | None = None
+                 ) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order. `use_tqdm` is accepted for vLLM's
-        signature; no progress bar is drawn. A bad prompt or parameter raises ValueError before
-        anything is submitted."""
+        signature; no progress bar is drawn. `priority`: one for all prompts or one each (vLLM's;
+        other than 0 only with scheduling_policy="priority"). A bad prompt or parameter raises
+        ValueError before anything is submitted."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return self._run([self._prompt(p) for p in prompts], sampling_params)
+        return self._run([self._prompt(p) for p in prompts], sampling_params, priority)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: wire.SamplingParams | list | None = None, *,
-             add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, use_tqdm: bool = True,
+             priority: int | list[int] | None = None) -> list[RequestOutput]:
         """Generate a reply to one conversation (a list of {"role", "content"}) or to each of
         several, through the model's chat template (as the server's /v1/chat/completions)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -174,10 +191,10 @@ class LLM:
             ids = self.input_processor.render_chat(conv, add_generation_prompt)
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt, tokenize=False)
             rendered.append((text, ids))
-        return self._run(rendered, sampling_params)
+        return self._run(rendered, sampling_params, priority)
 
-    def _run(self, prompts: list[tuple[str | None, list[int]]], sampling_params
-             ) -> list[RequestOutput]:
+    def _run(self, prompts: list[tuple[str | None, list[int]]], sampling_params,
+             priority: int | list[int] | None = None) -> list[RequestOutput]:
         from shoal.engine.frontend.output_processor import OutputProcessor
 
         if not prompts:
@@ -188,9 +205,10 @@ class LLM:
                   else [sampling_params] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
+        priorities = _priority_to_seq(priority, len(prompts))
         op = OutputProcessor(self.tokenizer)
         results, requests, slots = [], [], {}
-        for (text, ids), sp in zip(prompts, params, strict=True):
+        for (text, ids), sp, prio in zip(prompts, params, priorities, strict=True):
             sp.verify()
             rid = str(next(self._ids))
             res = RequestOutput(rid, text, ids, [CompletionOutput(j, "", []) for j in range(sp.n)])
@@ -198,7 +216,7 @@ class LLM:
             for out in res.outputs:  # validate all first: a bad prompt submits nothing
                 p = msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None
                                             else sp.seed + out.index)
-                req = self.input_processor.process(f"{rid}-{out.index}", ids, p)
+                req = self.input_processor.process(f"{rid}-{out.index}", ids, p, prio)
                 requests.append(req)
                 slots[req.request_id] = (res, out, op.add_request(
                     req.request_id, req.request_id, len(ids), req.sampling_params))

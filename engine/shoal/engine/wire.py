@@ -164,6 +164,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # request by this handle instead of the ~34-byte id (the columnar OutputBatch). Unique among
     # live requests of one client; None when the request never crosses a process boundary.
     wire_handle: int | None = None
+    # vLLM's request `priority` (--scheduling-policy priority: lower values are scheduled first
+    # and preempted last); 0 under fcfs, where the frontend refuses any other value.
+    priority: int = 0
 
 
 class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -16,6 +16,7 @@ import time
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.request import Request, RequestStatus
+from shoal.engine.core.request_queue import check_policy
 from shoal.engine.core.sched_output import StepOutput
 from shoal.engine.core.scheduler import Scheduler
 from shoal.engine.errors import ConfigError
@@ -40,7 +41,11 @@ class EngineCore:
     UTILITY_METHODS = frozenset({"get_kv_stats", "reset_prefix_cache", "get_engine_info",
                                  "has_unfinished_requests"})
 
-    def __init__(self, config: EngineConfig, executor_class=None) -> None:
+    def __init__(self, config: EngineConfig, executor_class=None, *,
+                 scheduling_policy: str = "fcfs") -> None:
+        """`scheduling_policy`: vLLM's --scheduling-policy, "fcfs" or "priority"
+        (core/request_queue.py)."""
+        check_policy(scheduling_policy)  # before any model loads
         if executor_class is None:
             executor_class = default_executor_class(config)
         self.config = config
@@ -68,6 +73,7 @@ class EngineCore:
             enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=config.enable_chunked_prefill,
             structured_output_manager=self.structured_output_manager,
+            policy=scheduling_policy,
         )
         self._pending_aborts: list[str] = []
         self._aborts_lock = threading.Lock()

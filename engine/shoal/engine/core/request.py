@@ -49,6 +49,7 @@ class Request:
         max_tokens: int,
         eos_token_id: int | None = None,
         arrival_time: float = 0.0,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -56,6 +57,7 @@ class Request:
         self.max_tokens = max_tokens  # resolved: never None inside the engine
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
+        self.priority = priority  # --scheduling-policy priority: lower values are served first
         self.status = RequestStatus.WAITING
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
@@ -73,7 +75,13 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: wire.EngineCoreRequest, max_tokens: int) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, max_tokens,
-                   req.eos_token_id, req.arrival_time)
+                   req.eos_token_id, req.arrival_time, req.priority)
+
+    def __lt__(self, other: Request) -> bool:
+        """The priority queue's order (vLLM's Request.__lt__): lower priority value, then earlier
+        arrival, then request id."""
+        return ((self.priority, self.arrival_time, self.request_id)
+                < (other.priority, other.arrival_time, other.request_id))
 
     @property
     def use_structured_output(self) -> bool:

@@ -3,11 +3,15 @@
 Contract (vLLM V1 style):
 - No prefill/decode phases. Each request's `num_computed_tokens` chases `num_tokens`; one step
   schedules at most `max_num_batched_tokens` tokens over at most `max_num_seqs` running requests.
-- Running requests are scheduled first, in FCFS order; then waiting ones, FCFS, while budget and
-  seats remain. A prompt longer than the remaining budget is chunked (chunked prefill).
-- When the KV manager answers "no blocks", the scheduler preempts the *last* running request by
-  recompute (its blocks are freed, it goes to the front of the waiting queue with
-  num_computed_tokens = 0) and retries; no waiting request is admitted in a step that preempted.
+- Running requests are scheduled first, in the order they were admitted; then waiting ones in
+  the waiting queue's order (request_queue.py: arrival under `policy="fcfs"`, the smallest
+  (priority, arrival) under "priority", vLLM's --scheduling-policy) while budget and seats
+  remain. A prompt longer than the remaining budget is chunked (chunked prefill).
+- When the KV manager answers "no blocks", the scheduler preempts a running request by
+  recompute (its blocks are freed, it goes back to the waiting queue with
+  num_computed_tokens = 0) and retries: under fcfs the *last* admitted one, under priority the
+  one with the largest (priority, arrival), as vLLM; a victim already scheduled this step gives
+  its tokens back. No waiting request is admitted in a step that preempted.
 - `finish_requests` (aborts) is idempotent; unknown or finished ids are ignored.
 - Finished requests free their blocks at once; their ids reach the runner in the next output.
 - Structured output (with a StructuredOutputManager): a request whose grammar still compiles
@@ -20,11 +24,11 @@ Contract (vLLM V1 style):
 from __future__ import annotations
 
 import logging
-from collections import deque
 
 from shoal.engine import wire
 from shoal.engine.core.kv_cache_manager import KVCacheManager
 from shoal.engine.core.request import Request, RequestStatus
+from shoal.engine.core.request_queue import FCFS, PRIORITY, make_request_queue, priority_refusal
 from shoal.engine.core.sched_output import (
     ModelRunnerOutput,
     NewRequestData,
@@ -47,15 +51,17 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         structured_output_manager=None,
+        policy: str = FCFS,
     ) -> None:
         self.structured = structured_output_manager
+        self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_request_queue(policy)
         self.running: list[Request] = []
         self._seen_by_runner: set[str] = set()
         self._finished_ids: set[str] = set()  # to tell the runner in the next SchedulerOutput
@@ -73,8 +79,10 @@ class Scheduler:
             if self.structured is None:
                 raise ValueError("this scheduler has no structured output manager.")
             self.structured.submit(request)
+        if request.priority != 0 and self.policy != PRIORITY:
+            raise ValueError(priority_refusal(request.priority))
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def finish_requests(self, request_ids, status: RequestStatus = RequestStatus.FINISHED_ABORTED):
         """Finish (abort) requests wherever they are. Idempotent."""
@@ -122,7 +130,13 @@ class Scheduler:
                 i += 1
                 continue
             while (new_blocks := self.kv.allocate_slots(req, n)) is None:
-                victim = self.running.pop()
+                victim = self._pick_victim()
+                index = self.running.index(victim)
+                del self.running[index]
+                if index < i:  # an earlier one: it was scheduled this step, give its tokens back
+                    i -= 1
+                    budget += next(m for r, m in scheduled if r is victim)
+                    scheduled = [(r, m) for r, m in scheduled if r is not victim]
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
@@ -136,9 +150,9 @@ class Scheduler:
         compiling: list[Request] = []  # passed over this step: their grammars are not ready
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
-            req = self.waiting[0]
+            req = self.waiting.peek()
             if req.grammar is not None and not self.structured.is_ready(req):
-                compiling.append(self.waiting.popleft())
+                compiling.append(self.waiting.pop_next())
                 continue
             if req.grammar is not None and req.grammar.error is not None:
                 self.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR)
@@ -155,7 +169,7 @@ class Scheduler:
             n = min(n, budget)
             if self.kv.allocate_slots(req, n, hit_blocks) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.pop_next()
             self.kv.record_lookup(req.num_tokens, n_hit)
             req.num_computed_tokens = n_hit
             if req.num_cached_tokens < 0:
@@ -164,8 +178,15 @@ class Scheduler:
             self.running.append(req)
             scheduled.append((req, n))
             budget -= n
-        self.waiting.extendleft(reversed(compiling))
+        self.waiting.prepend_all(compiling)
         return self._make_output(scheduled, preempted)
+
+    def _pick_victim(self) -> Request:
+        """The running request to preempt: the last admitted (fcfs), or the one with the
+        largest (priority, arrival) (priority), as vLLM's scheduler picks it."""
+        if self.policy == PRIORITY:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
 
     def _preempt(self, req: Request) -> None:
         log.info("request %s preempted by recompute (%d tokens to recompute, %d free blocks)",
@@ -175,7 +196,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self._num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.waiting.prepend(req)
 
     def _make_output(self, scheduled, preempted) -> SchedulerOutput:
         out = SchedulerOutput(finished_req_ids=self._finished_ids,

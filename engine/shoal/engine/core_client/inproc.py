@@ -12,10 +12,10 @@ from shoal.engine.core_client import EngineCoreClient
 
 
 class InprocClient(EngineCoreClient):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, scheduling_policy: str = "fcfs") -> None:
         from shoal.engine.core.engine_core import EngineCore
 
-        self.engine_core = EngineCore(config)
+        self.engine_core = EngineCore(config, scheduling_policy=scheduling_policy)
 
     def add_request(self, request: wire.EngineCoreRequest) -> None:
         self.engine_core.add_request(request)

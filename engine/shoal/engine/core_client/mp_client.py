@@ -43,12 +43,13 @@ class MPClient:
     def __init__(self, config, *, shutdown_timeout: float = 0.0, host: str | None = None,
                  log_level: str = "INFO", ready_timeout: float | None = None,
                  engine_module: str = ENGINE_MODULE,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, scheduling_policy: str = "fcfs") -> None:
         """`engine_module` / `env`: what runs as the engine process (tests substitute a fake
         engine to exercise the handshake; env adds variables such as fault injection)."""
         self.engine = EngineProcess(config, shutdown_timeout=shutdown_timeout, host=host,
                                     log_level=log_level, ready_timeout=ready_timeout,
-                                    engine_module=engine_module, env=env)
+                                    engine_module=engine_module, env=env,
+                                    scheduling_policy=scheduling_policy)
         self.ready = self.engine.ready
         self.max_model_len = self.ready.max_model_len
         self.num_blocks = self.ready.num_blocks

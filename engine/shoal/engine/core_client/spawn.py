@@ -63,7 +63,8 @@ class EngineProcess:
                  engine_index: int = 0, log_level: str = "INFO",
                  ready_timeout: float | None = None,
                  engine_module: str = ENGINE_MODULE,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 scheduling_policy: str = "fcfs") -> None:
         self.name = f"EngineCore_{engine_index}"
         self.ctx = zmq.Context()
         self.input = self.ctx.socket(zmq.ROUTER)
@@ -87,6 +88,7 @@ class EngineProcess:
             "input_address": addr_in, "output_address": addr_out, "config": cfg,
             "engine_index": engine_index, "shutdown_timeout": float(shutdown_timeout),
             "parent_pid": os.getpid(), "log_level": log_level,
+            "scheduling_policy": scheduling_policy,
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", engine_module, msgspec.json.encode(spec).decode()],

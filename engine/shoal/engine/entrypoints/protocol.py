@@ -190,6 +190,9 @@ class _Sampling(_Strict):
     request_id: str | None = None
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: the request's place in the queue under --scheduling-policy priority (lower
+    # first); under fcfs any value but 0 is a 400 in vLLM's words (Serving.priority).
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
     # vLLM's defaults, the only values implemented: the detokenizer puts spaces between special
     # tokens; no beam search, so no length penalty.
     spaces_between_special_tokens: Annotated[bool, _only(True)] = True

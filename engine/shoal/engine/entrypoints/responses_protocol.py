@@ -117,6 +117,7 @@ class ResponsesRequest(_Strict):
     truncation: Annotated[str | None, _only(None, "disabled")] = None
     include: list[str] | None = None
     request_id: str | None = None
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0  # vLLM's, as on chat
     # Stateful fields: refused with STATELESS (check_stateless), not as unknown.
     store: bool | None = None
     previous_response_id: str | None = None
@@ -165,7 +166,8 @@ class ResponsesRequest(_Strict):
         self.check_stateless()
         body: dict[str, Any] = {"messages": self.messages(), "stream": self.stream}
         for name in ("model", "temperature", "top_p", "parallel_tool_calls", "user",
-                     "metadata", "prompt_cache_key", "safety_identifier", "request_id"):
+                     "metadata", "prompt_cache_key", "safety_identifier", "request_id",
+                     "priority"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         if self.max_output_tokens is not None:

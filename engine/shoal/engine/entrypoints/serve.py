@@ -160,6 +160,17 @@ def _choose_device(args) -> None:
     args.device = choice.device
 
 
+def _gpu_memory_utilization(args) -> float:
+    """vLLM's 0.9 unless given; given on the CPU, accepted with no effect, said once."""
+    if args.gpu_memory_utilization is None:
+        return 0.9
+    if not args.device.startswith("cuda"):
+        logger.info("--gpu-memory-utilization %s: accepted, no effect on the CPU: the KV budget "
+                    "is --kv-cache-memory-bytes, else VLLM_CPU_KVCACHE_SPACE / "
+                    "SHOAL_KV_CACHE_SPACE GiB, else 1 GiB", args.gpu_memory_utilization)
+    return args.gpu_memory_utilization
+
+
 def _engine_config(args):
     """The EngineConfig the flags ask for (vLLM's batch defaults where unset), or exit code 2
     with the termination message written."""
@@ -177,6 +188,7 @@ def _engine_config(args):
             block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            gpu_memory_utilization=_gpu_memory_utilization(args),
             num_kv_blocks=args.num_gpu_blocks_override, seed=args.seed,
             num_threads=args.num_threads, max_logprobs=args.max_logprobs,
             tensor_parallel_size=args.tensor_parallel_size,
@@ -216,7 +228,8 @@ def _start_engine(config, args, names: list[str]):
     threading.Thread(target=_import_http_stack, name="import-http", daemon=True).start()
     try:
         llm = AsyncLLM(config, served_model_name=names[0], shutdown_timeout=args.shutdown_timeout,
-                       host=args.engine_host, log_level=args.log_level)
+                       host=args.engine_host, log_level=args.log_level,
+                       scheduling_policy=args.scheduling_policy)
     except EngineDeadError as exc:
         logger.error("engine failed during start-up: %s", exc.dead.describe())
         _write_dead(exc)

@@ -13,6 +13,7 @@ import sys
 
 from shoal.contract import auth
 from shoal.engine.config import PERFORMANCE_MODES
+from shoal.engine.core.request_queue import POLICIES
 from shoal.engine.entrypoints import vllm_flags
 from shoal.engine.entrypoints.reasoning import REASONING_PARSERS
 from shoal.engine.generation_config import SOURCES_HELP
@@ -137,6 +138,10 @@ def _batch_flags(eng) -> None:
     eng.add_argument("--max-num-batched-tokens", type=int, default=None,
                      help="token budget of one engine step, long prompts are chunked (default, "
                           "vLLM's: 2048 per rank on the CPU, 2048 on a GPU)")
+    eng.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
+                     help="fcfs: requests run in arrival order; priority: by the request's "
+                          "`priority` (lower first, then arrival; the largest is preempted first) "
+                          "(vLLM's flag)")
     eng.add_argument("--performance-mode", choices=PERFORMANCE_MODES, default="balanced",
                      help="throughput: twice the default seats and token budget, for "
                           "aggregate tokens/s over per-request latency (vLLM's flag)")
@@ -177,8 +182,14 @@ def _kv_flags(eng) -> None:
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                      default=True, help="reuse KV blocks of shared prompt prefixes")
     eng.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
-                     help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB, "
-                          "else 1 GiB)")
+                     help="KV-cache budget, e.g. 2G (default: $SHOAL_KV_CACHE_SPACE GiB; else "
+                          "on the CPU $VLLM_CPU_KVCACHE_SPACE GiB, else 1 GiB; on CUDA "
+                          "--gpu-memory-utilization sizes it); wins over the utilization")
+    eng.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float,
+                     default=None,
+                     help="CUDA: the share of the device's memory this engine may use for the "
+                          "weights, a profile run's peak and the KV cache (default 0.9, "
+                          "vLLM's); no effect on the CPU (logged)")
     eng.add_argument("--num-gpu-blocks-override", type=int, default=None,
                      help="use exactly this many KV blocks instead of sizing from the budget")
     eng.add_argument("--kv-cache-dtype", default="auto",

@@ -26,6 +26,7 @@ from shoal.engine.wire import SamplingParams
 
 logger = logging.getLogger("shoal.engine.api")
 _json = msgspec.json.Encoder()
+PRIORITY_HEADER = "X-Vllm-Priority"  # vLLM's: a request's priority, over the body's
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -157,12 +158,23 @@ class Serving:
         given = request.headers.get("X-Request-Id") or body.request_id
         return f"{prefix}{given if given is not None else uuid.uuid4().hex}"
 
+    @staticmethod
+    def priority(request: Request, body) -> int:
+        """vLLM's: the X-Vllm-Priority header when it is an integer, else the body's priority."""
+        header = request.headers.get(PRIORITY_HEADER)
+        if header is not None:
+            try:
+                return int(header)
+            except ValueError:
+                pass
+        return body.priority
+
     def prompt_of(self, body, ids: list[int]) -> list[int]:
         """The prompt after the body's truncate_prompt_tokens (vLLM's semantics and errors)."""
         return body.truncated(ids, self.llm.input_processor.max_model_len)
 
     def start_choices(self, prompts: list[list[int]], params: SamplingParams, n: int,
-                      request_id: str) -> list[AsyncIterator[RequestOutput]]:
+                      request_id: str, priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
         """One engine request per (prompt, choice); seeds step by choice, as vLLM's do."""
         per_choice = []
         for ids in prompts:
@@ -170,11 +182,12 @@ class Serving:
                 p = msgspec.structs.replace(params, seed=None if params.seed is None
                                             else params.seed + j)
                 # Validate now, so a bad request is a 400 before any stream starts.
-                self.llm.input_processor.process("validate", ids, msgspec.structs.replace(p))
+                self.llm.input_processor.process("validate", ids, msgspec.structs.replace(p),
+                                                 priority)
                 per_choice.append((ids, p))
         for _ in prompts:  # vLLM's request_params_n: once per prompt (its parent request)
             self.llm.metrics.record_params_n(n)
-        return [self.llm.generate(ids, p, f"{request_id}-{i}")
+        return [self.llm.generate(ids, p, f"{request_id}-{i}", priority)
                 for i, (ids, p) in enumerate(per_choice)]
 
     async def respond(self, request: Request, gens, n_prompt: list[int], head: dict,

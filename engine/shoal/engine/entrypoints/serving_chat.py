@@ -68,7 +68,7 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         think = _Thinking(reasoner, reasoner is not None and reasoner.thinks(kwargs))
         think.check(params)
         request_id = s.request_id(request, body, "chatcmpl-")
-        gens = s.start_choices([prompt], params, body.n, request_id)
+        gens = s.start_choices([prompt], params, body.n, request_id, s.priority(request, body))
         n_prompt = [len(prompt)] * body.n
         head = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": s.model_name}

@@ -28,7 +28,8 @@ def completions_router(s: Serving) -> APIRouter:
         params = body.sampling_params(default_max_tokens=16,
                                       max_logprobs=s.llm.config.max_logprobs,
                                       defaults=s.sampling_defaults)
-        gens = s.start_choices(job.prompts, params, body.n, job.request_id)
+        gens = s.start_choices(job.prompts, params, body.n, job.request_id,
+                               s.priority(request, body))
         n_prompt = [len(p) for p in job.prompts for _ in range(body.n)]
         if body.stream:
             job.echoed, job.offset = [False] * len(gens), [0] * len(gens)

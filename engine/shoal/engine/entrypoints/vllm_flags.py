@@ -253,9 +253,10 @@ FLAGS: tuple[Flag, ...] = tuple(
                 "--kv-cache-memory-bytes", "--num-gpu-blocks-override")
     + _honoured("auto = the model's dtype; bfloat16/float16/float32 when it is --dtype's; fp8 "
                 "refused (not implemented)", "--kv-cache-dtype")
-    + _no_effect("the KV budget is --kv-cache-memory-bytes, else VLLM_CPU_KVCACHE_SPACE / "
-                 "SHOAL_KV_CACHE_SPACE (docs/serving.md); the share of device memory is not "
-                 "used", "--gpu-memory-utilization|--device-memory-utilization")
+    + _honoured("as vLLM on CUDA: the share of the device's memory for the weights, a profile "
+                "run's peak and the KV cache (--kv-cache-memory-bytes wins); on the CPU "
+                "accepted, no effect (logged): the budget is --kv-cache-memory-bytes, else "
+                "VLLM_CPU_KVCACHE_SPACE", "--gpu-memory-utilization|--device-memory-utilization")
     + _no_effect("prefix blocks are matched by shoal's own hashes (same reuse)",
                  "--prefix-caching-hash-algo", "--prefix-match-unit")
     + _no_effect(SCHED_TUNING, "--prefix-cache-retention-interval",
@@ -278,8 +279,8 @@ FLAGS: tuple[Flag, ...] = tuple(
     + _refused(SPEC, "--speculative-config|-sc", "--spec-method", "--spec-model", "--spec-tokens")
     # ---- scheduling
     + _honoured("as vLLM", "--max-num-seqs", "--max-num-batched-tokens")
-    + _refused("priority scheduling is not implemented yet (first come, first served)",
-               "--scheduling-policy=fcfs")
+    + _honoured("as vLLM: fcfs, or priority (the request's `priority`, lower first); under "
+                "fcfs a priority other than 0 is a 400", "--scheduling-policy")
     + _honoured("always on: long prompts are chunked by --max-num-batched-tokens; "
                 "--no-enable-chunked-prefill is accepted (same answers)",
                 "--enable-chunked-prefill:bool")

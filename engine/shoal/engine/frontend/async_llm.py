@@ -57,9 +57,10 @@ def _extra_eos_ids(model: str) -> list[int]:
 class AsyncLLM:
     def __init__(self, config, *, served_model_name: str | None = None,
                  shutdown_timeout: float = 0.0, host: str | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", scheduling_policy: str = "fcfs") -> None:
         """Blocking: starts the engine process and waits for it to be ready. The tokenizer loads
-        in a thread meanwhile. Call `start()` on the running loop before serving."""
+        in a thread meanwhile. Call `start()` on the running loop before serving.
+        `scheduling_policy`: vLLM's --scheduling-policy, "fcfs" or "priority"."""
         self.config = config
         self.model_name = served_model_name or config.model
         tok: dict = {}
@@ -74,7 +75,8 @@ class AsyncLLM:
         loader.start()
         try:
             self.engine_core = AsyncMPClient(config, shutdown_timeout=shutdown_timeout,
-                                             host=host, log_level=log_level)
+                                             host=host, log_level=log_level,
+                                             scheduling_policy=scheduling_policy)
         finally:
             loader.join()
         if "error" in tok:
@@ -87,7 +89,8 @@ class AsyncLLM:
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len=ready.max_model_len,
             vocab_size=ready.vocab_size or len(self.tokenizer),
-            extra_eos_token_ids=_extra_eos_ids(config.model))
+            extra_eos_token_ids=_extra_eos_ids(config.model),
+            scheduling_policy=scheduling_policy)
         self.metrics = FrontendMetrics(self.model_name, max_model_len=ready.max_model_len,
                                        cache_info=_cache_info(config, ready))
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
@@ -129,14 +132,15 @@ class AsyncLLM:
                                          "requests; retry on another replica")
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Deltas until the request finishes. Raises InvalidRequestError (400) before anything
-        is sent, RequestRejectedError, EngineUnavailableError (503) or EngineDeadError (500)."""
+        is sent, RequestRejectedError, EngineUnavailableError (503) or EngineDeadError (500).
+        `priority`: vLLM's (lower first, under --scheduling-policy priority)."""
         self._check_available()
         if params.n != 1:
             raise InvalidRequestError("AsyncLLM.generate takes n=1; fan out n>1 above it.")
         engine_id = self.input_processor.engine_request_id(request_id)
-        request = self.input_processor.process(engine_id, prompt_token_ids, params)
+        request = self.input_processor.process(engine_id, prompt_token_ids, params, priority)
         collector = self.output_processor.add_request(
             engine_id, request_id, len(prompt_token_ids), params)
         finished = False

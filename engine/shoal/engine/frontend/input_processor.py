@@ -11,14 +11,17 @@ from __future__ import annotations
 import secrets
 import time
 
+from shoal.engine.core.request_queue import PRIORITY, priority_refusal
 from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import EngineCoreRequest, SamplingParams
 
 
 class InputProcessor:
     def __init__(self, tokenizer, *, max_model_len: int, vocab_size: int,
-                 extra_eos_token_ids: list[int] | None = None) -> None:
+                 extra_eos_token_ids: list[int] | None = None,
+                 scheduling_policy: str = "fcfs") -> None:
         self.tokenizer = tokenizer
+        self.scheduling_policy = scheduling_policy  # a priority other than 0 needs "priority"
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         # generation_config's other end tokens (e.g. <|im_end|>): stop like EOS, as vLLM does.
@@ -60,9 +63,11 @@ class InputProcessor:
         return f"{external_id}-{secrets.token_hex(4)}"
 
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams) -> EngineCoreRequest:
+                params: SamplingParams, priority: int = 0) -> EngineCoreRequest:
         """Validate and build the request. `params` is completed in place (max_tokens, stop
         token ids) so the caller sees what was actually asked of the engine."""
+        if priority != 0 and self.scheduling_policy != PRIORITY:
+            raise InvalidRequestError(priority_refusal(priority))
         n_prompt = len(prompt_token_ids)
         if n_prompt == 0:
             raise InvalidRequestError("the prompt is empty; send at least one token.")
@@ -95,4 +100,5 @@ class InputProcessor:
             sampling_params=params,
             arrival_time=time.time(),
             eos_token_id=self.tokenizer.eos_token_id,
+            priority=priority,
         )

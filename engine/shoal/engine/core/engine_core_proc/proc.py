@@ -43,6 +43,7 @@ class EngineProcSpec(msgspec.Struct, forbid_unknown_fields=True):
     shutdown_timeout: float = 0.0
     parent_pid: int = 0
     log_level: str = "INFO"
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy (core/request_queue.py)
 
 
 class EngineCoreProc:
@@ -98,7 +99,8 @@ class EngineCoreProc:
         logger.info("%s: loading model %s (dtype %s, device %s)", self.name, config.model,
                     config.dtype, config.device)
         self.config = config
-        core = self.engine_core = EngineCore(config)
+        core = self.engine_core = EngineCore(config,
+                                             scheduling_policy=self.spec.scheduling_policy)
         self.loop = BusyLoop(core, self.ch, self.name, self.spec.shutdown_timeout)
         self.ch.engine_core = core
         executor = core.model_executor
