@@ -184,7 +184,9 @@ def test_config_reads_kv_space_from_env(tiny_model, monkeypatch):
     ({"VLLM_CPU_KVCACHE_SPACE": "2", "SHOAL_KV_CACHE_SPACE": "0.5"}, "cpu", 0.5),  # ours first
     ({"VLLM_CPU_KVCACHE_SPACE": "0"}, "cpu", 1.0),  # vLLM's 0: not set
     ({"VLLM_CPU_KVCACHE_SPACE": ""}, "cpu", 1.0),
-    ({"VLLM_CPU_KVCACHE_SPACE": "2"}, "cuda", 1.0),  # a CPU variable: not read for CUDA
+    ({"VLLM_CPU_KVCACHE_SPACE": "2"}, "cuda", None),  # not read for CUDA: utilization sizes
+    ({"SHOAL_KV_CACHE_SPACE": "0.5"}, "cuda", 0.5),  # ours is read everywhere
+    ({}, "auto", None),  # the worker sizes it once it knows the device
 ])
 def test_config_reads_vllms_cpu_kv_space_when_no_flag_is_given(tiny_model, monkeypatch, env,
                                                                  device, gib):
@@ -193,7 +195,7 @@ def test_config_reads_vllms_cpu_kv_space_when_no_flag_is_given(tiny_model, monke
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     config = EngineConfig(model=tiny_model, device=device)
-    assert config.kv_cache_memory_bytes == int(gib * (1 << 30))
+    assert config.kv_cache_memory_bytes == (None if gib is None else int(gib * (1 << 30)))
     assert EngineConfig(model=tiny_model, device=device,
                         kv_cache_memory_bytes=1 << 20).kv_cache_memory_bytes == 1 << 20
 

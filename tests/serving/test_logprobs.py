@@ -116,6 +116,64 @@ def test_streamed_completion_logprobs_equal_the_whole_ones(client):
     assert offsets == whole.text_offset
 
 
+def as_id(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def test_completion_tokens_as_token_ids_in_vllms_format(client, oracle):
+    """return_tokens_as_token_ids: every token and top_logprobs key is "token_id:{id}" and
+    text_offset counts those strings (vLLM's); the values are the same."""
+    extra = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    r = complete(client, max_tokens=4, logprobs=2, echo=True, extra_body=extra)
+    choice = r.choices[0]
+    all_ids = choice.prompt_token_ids + choice.token_ids
+    lp = choice.logprobs
+    assert lp.tokens == [as_id(t) for t in all_ids]
+    assert lp.text_offset == [sum(len(as_id(t)) for t in all_ids[:k]) for k in range(len(all_ids))]
+    plain = complete(client, max_tokens=4, logprobs=2, echo=True).choices[0].logprobs
+    assert lp.token_logprobs == plain.token_logprobs and lp.top_logprobs[0] is None
+    ref = oracle(all_ids)
+    for k in range(1, len(all_ids)):
+        top = ref[k - 1].topk(2).indices.tolist()
+        assert set(lp.top_logprobs[k]) <= {as_id(all_ids[k]), *map(as_id, top)}
+        assert sorted(lp.top_logprobs[k].values()) == sorted(plain.top_logprobs[k].values())
+    tokens, offsets = [], []
+    for chunk in complete(client, max_tokens=4, logprobs=2, echo=True, stream=True,
+                          extra_body={"return_tokens_as_token_ids": True}):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens
+                offsets += c.logprobs.text_offset
+    assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+def test_chat_tokens_as_token_ids_in_vllms_format(client, oracle):
+    extra = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    r = chat(client, max_tokens=4, logprobs=True, top_logprobs=2, extra_body=extra)
+    ids = r.choices[0].token_ids
+    content = r.choices[0].logprobs.content
+    plain = chat(client, max_tokens=4, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert [e.token for e in content] == [as_id(t) for t in ids]
+    # vLLM's: the position's own bytes are its text's; an alternative's are its placeholder's
+    assert [e.bytes for e in content] == [e.bytes for e in plain]
+    assert [e.logprob for e in content] == [e.logprob for e in plain]
+    rendered = oracle.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
+                                                    add_generation_prompt=True, tokenize=True)
+    rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    for k, entry in enumerate(content):
+        top = oracle(rendered + ids[:k])[-1].topk(2).indices.tolist()
+        assert [a.token for a in entry.top_logprobs] == [as_id(i) for i in top]
+        assert [a.bytes for a in entry.top_logprobs] == [list(as_id(i).encode()) for i in top]
+    streamed = []
+    for chunk in chat(client, max_tokens=4, logprobs=True, top_logprobs=2, stream=True,
+                      extra_body={"return_tokens_as_token_ids": True}):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                streamed += c.logprobs.content
+    assert [(e.token, [a.token for a in e.top_logprobs]) for e in streamed] == \
+        [(e.token, [a.token for a in e.top_logprobs]) for e in content]
+
+
 def chat(client, **kw):
     kw.setdefault("extra_body", {})["ignore_eos"] = True
     return client.chat.completions.create(

@@ -173,8 +173,10 @@ def test_vllm_command_line_starts_and_honours_its_http_flags(tiny_model, tmp_pat
 
 @pytest.mark.process
 def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
-    """--scheduling-policy priority: a request's priority reaches the engine (not refused)."""
-    s = ServeProcess(tiny_model, tmp_path, "--scheduling-policy", "priority")
+    """--scheduling-policy priority: a request's priority reaches the engine (not refused);
+    --return-tokens-as-token-ids: logprob tokens are "token_id:{id}" unless the request says."""
+    s = ServeProcess(tiny_model, tmp_path, "--scheduling-policy", "priority",
+                     "--return-tokens-as-token-ids")
     try:
         s.wait_healthy()
         chat = {"model": MODEL_NAME, "max_tokens": 2, "priority": -5,
@@ -185,6 +187,13 @@ def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
                                                          "max_tokens": 2},
                        headers={"X-Vllm-Priority": "3"}, timeout=60)
         assert r.status_code == 200, r.text
+        chat.update(logprobs=True, return_token_ids=True)
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=60).json()
+        tokens = [e["token"] for e in r["choices"][0]["logprobs"]["content"]]
+        assert tokens == [f"token_id:{t}" for t in r["choices"][0]["token_ids"]]
+        r = httpx.post(f"{s.url}/v1/chat/completions", json={
+            **chat, "return_tokens_as_token_ids": False}, timeout=60).json()
+        assert not r["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:")
     finally:
         s.stop()
 

@@ -100,8 +100,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # token budget of one step
     block_size: int = 16  # tokens per KV block
     enable_prefix_caching: bool = True
-    kv_cache_memory_bytes: int | None = None  # None = $SHOAL_KV_CACHE_SPACE GiB, else 1 GiB
-    gpu_memory_utilization: float = 0.9  # CUDA only: fraction of device memory for the engine
+    # KV budget in bytes. None: $SHOAL_KV_CACHE_SPACE GiB; else on the CPU vLLM's
+    # $VLLM_CPU_KVCACHE_SPACE GiB, else 1 GiB; on CUDA gpu_memory_utilization sizes it.
+    kv_cache_memory_bytes: int | None = None
+    # CUDA only (vLLM's): the share of the device's total memory this engine may use: weights,
+    # the profile run's peak and the KV cache (worker/kv_sizing.py).
+    gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None  # override the sized block count (tests force preemption)
     seed: int = 0  # seeds the global generator used by unseeded sampled requests
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
@@ -138,9 +142,9 @@ class EngineConfig:
                 _fail(f"{self.model}/config.json has no max_position_embeddings; pass "
                       "max_model_len explicitly.")
             object.__setattr__(self, "max_model_len", model_len)
-        if self.kv_cache_memory_bytes is None:
-            object.__setattr__(self, "kv_cache_memory_bytes",
-                               _kv_bytes_from_env(on_cpu=not self.device.startswith("cuda")))
+        if self.kv_cache_memory_bytes is None:  # on CUDA (or auto) only Shoal's own variable
+            object.__setattr__(self, "kv_cache_memory_bytes", cpu_kv_cache_bytes()
+                               if self.device == "cpu" else _kv_bytes_from_env(on_cpu=False))
         self._validate()
 
     def _validate(self) -> None:
@@ -207,9 +211,15 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _kv_bytes_from_env(on_cpu: bool = True) -> int:
+def cpu_kv_cache_bytes() -> int:
+    """The CPU's KV budget when no flag gives one: $SHOAL_KV_CACHE_SPACE, else
+    $VLLM_CPU_KVCACHE_SPACE (GiB), else 1 GiB."""
+    return _kv_bytes_from_env(on_cpu=True) or int(DEFAULT_CPU_KV_CACHE_GIB * GiB)
+
+
+def _kv_bytes_from_env(on_cpu: bool = True) -> int | None:
     """The first of $SHOAL_KV_CACHE_SPACE and (on the CPU) $VLLM_CPU_KVCACHE_SPACE that is set,
-    in GiB; else the default. vLLM's 0 means "not set" there, so it does here."""
+    in GiB, or None. vLLM's 0 means "not set" there, so it does here."""
     names = (KV_CACHE_SPACE_ENV, VLLM_KV_CACHE_SPACE_ENV) if on_cpu else (KV_CACHE_SPACE_ENV,)
     for name in names:
         raw = os.environ.get(name, "").strip()
@@ -222,4 +232,4 @@ def _kv_bytes_from_env(on_cpu: bool = True) -> int:
         if gib <= 0:
             _fail(f"{name} must be positive (GiB), got {raw!r}.")
         return int(gib * GiB)
-    return int(DEFAULT_CPU_KV_CACHE_GIB * GiB)
+    return None

@@ -21,7 +21,7 @@ from shoal.engine.entrypoints.http_errors import (
     exception_response,
     validation_error,
 )
-from shoal.engine.entrypoints.serving import Serving
+from shoal.engine.entrypoints.serving import OutputSettings, Serving
 from shoal.engine.entrypoints.serving_admin import admin_router
 from shoal.engine.entrypoints.serving_chat import chat_router
 from shoal.engine.entrypoints.serving_completions import completions_router
@@ -73,10 +73,12 @@ class RequestIdHeader:
 
 def build_app(llm: AsyncLLM, *, served_model_names: list[str],
               api_keys: list[str] | None = None, tool_settings: ToolSettings | None = None,
-              sampling_defaults: dict | None = None, http: HttpSettings | None = None) -> FastAPI:
+              sampling_defaults: dict | None = None, http: HttpSettings | None = None,
+              output: OutputSettings | None = None) -> FastAPI:
     """`api_keys`: the keys /v1 accepts (none: no authentication); `sampling_defaults`: the
     model's generation_config sampling values (generation_config.py), below a request's own;
-    `http`: CORS and request-id headers (outermost, so a preflight needs no key)."""
+    `http`: CORS and request-id headers (outermost, so a preflight needs no key); `output`:
+    vLLM's flags on the shape of answers."""
     app = FastAPI(title="shoal", version=__version__, docs_url=None, redoc_url=None)
     app.state.llm = llm
 
@@ -105,7 +107,8 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str],
     if http.request_id_headers:
         app.add_middleware(RequestIdHeader)
 
-    serving = Serving(llm, served_model_names, dict(sampling_defaults or {}))
+    serving = Serving(llm, served_model_names, dict(sampling_defaults or {}),
+                      output=output or OutputSettings())
     for router in (completions_router(serving), chat_router(serving, tool_settings),
                    admin_router(serving), invocations_router(serving)):
         app.include_router(router)

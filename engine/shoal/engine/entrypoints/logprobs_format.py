@@ -11,6 +11,11 @@
 
 Logprobs below -9999 (-inf included: JSON has no infinity) are sent as -9999.0, OpenAI's
 "very unlikely" value, as vLLM does.
+
+`as_ids` (vLLM's --return-tokens-as-token-ids, or the request's return_tokens_as_token_ids):
+every token string is `token_id:{id}` (vLLM's format_token_id_placeholder), so tokens that are
+not valid UTF-8 on their own can be told apart; as in vLLM, completions' text_offset then counts
+those strings, and a chat position's own `bytes` stay its decoded text's.
 """
 
 from __future__ import annotations
@@ -30,10 +35,16 @@ def _utf8(token: str) -> list[int]:
     return list(token.encode("utf-8", errors="replace"))
 
 
+def token_id_placeholder(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
 def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs | None],
                         token_string: Callable[[int], str],
-                        initial_text_offset: int = 0) -> dict:
+                        initial_text_offset: int = 0, as_ids: bool = False) -> dict:
     """`positions[k]` belongs to `token_ids[k]`; None where the token has no logprobs."""
+    if as_ids:
+        token_string = token_id_placeholder
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
@@ -45,9 +56,10 @@ def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs |
             token_logprobs.append(None)
             top_logprobs.append(None)
         else:
-            token = pos.token
+            texts = [token_string(t) for t in pos.token_ids] if as_ids else pos.tokens
+            token = texts[0]
             token_logprobs.append(_clamp(pos.logprob))
-            by_id = dict(zip(pos.token_ids, zip(pos.tokens, pos.logprobs, strict=True),
+            by_id = dict(zip(pos.token_ids, zip(texts, pos.logprobs, strict=True),
                              strict=True))  # the sampled token first, then the top N
             top_logprobs.append({text: _clamp(lp) for text, lp in by_id.values()})
         tokens.append(token)
@@ -57,11 +69,14 @@ def completion_logprobs(token_ids: list[int], positions: list[PositionLogprobs |
             "text_offset": text_offset}
 
 
-def chat_logprobs(positions: list[PositionLogprobs]) -> dict:
+def chat_logprobs(positions: list[PositionLogprobs], as_ids: bool = False) -> dict:
+    def texts(pos: PositionLogprobs) -> list[str]:
+        return [token_id_placeholder(t) for t in pos.token_ids] if as_ids else pos.tokens
+
     return {"content": [
-        {"token": pos.token, "logprob": _clamp(pos.logprob), "bytes": _utf8(pos.token),
+        {"token": texts(pos)[0], "logprob": _clamp(pos.logprob), "bytes": _utf8(pos.token),
          "top_logprobs": [{"token": t, "logprob": _clamp(lp), "bytes": _utf8(t)}
-                          for t, lp in zip(pos.tokens[1:], pos.logprobs[1:], strict=True)]}
+                          for t, lp in zip(texts(pos)[1:], pos.logprobs[1:], strict=True)]}
         for pos in positions]}
 
 

@@ -175,6 +175,8 @@ class _Sampling(_Strict):
     # vLLM's extension: each choice also carries `token_ids` (and `prompt_token_ids` when not
     # streaming), so a client can check tokens, not just text.
     return_token_ids: bool = False
+    # vLLM's: logprob tokens as "token_id:{id}" (null: the server's --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
     # Structured output (at most one; see structured_request.py).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None

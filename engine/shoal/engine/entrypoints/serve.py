@@ -165,8 +165,8 @@ def _gpu_memory_utilization(args) -> float:
     if args.gpu_memory_utilization is None:
         return 0.9
     if not args.device.startswith("cuda"):
-        logger.info("--gpu-memory-utilization %s: accepted, no effect on the CPU: the KV budget "
-                    "is --kv-cache-memory-bytes, else VLLM_CPU_KVCACHE_SPACE / "
+        logger.info("--gpu-memory-utilization %s: accepted, no effect: on the CPU the KV "
+                    "budget is --kv-cache-memory-bytes, else VLLM_CPU_KVCACHE_SPACE / "
                     "SHOAL_KV_CACHE_SPACE GiB, else 1 GiB", args.gpu_memory_utilization)
     return args.gpu_memory_utilization
 

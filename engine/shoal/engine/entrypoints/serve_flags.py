@@ -266,6 +266,9 @@ def _server_flags(srv) -> None:
 
 
 def _chat_flags(chat) -> None:
+    chat.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction,
+                      default=False, help="logprob tokens as 'token_id:{id}' strings (a "
+                                          "request's return_tokens_as_token_ids wins)")
     chat.add_argument("--chat-template", default=None,
                       help="a Jinja chat template instead of the model's: a file, or the "
                            "template itself (as vLLM: text with {, } or a newline)")

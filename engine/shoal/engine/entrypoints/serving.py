@@ -127,6 +127,19 @@ async def collect(gens) -> Collected:
     return c
 
 
+@dataclass(frozen=True)
+class OutputSettings:
+    """vLLM's server-wide flags on the shape of answers (serve.py fills them from the flags)."""
+
+    # --return-tokens-as-token-ids: logprob tokens as "token_id:{id}" (a request's own
+    # return_tokens_as_token_ids wins, as in vLLM).
+    return_tokens_as_token_ids: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> OutputSettings:
+        return cls(args.return_tokens_as_token_ids)
+
+
 @dataclass
 class Serving:
     """What every endpoint group needs: the engine client and the names it serves under."""
@@ -138,6 +151,13 @@ class Serving:
     sampling_defaults: dict = field(default_factory=dict)
     # The generation endpoints by body type ("chat", "completion"), for /invocations.
     endpoints: dict = field(default_factory=dict)
+    output: OutputSettings = field(default_factory=OutputSettings)
+
+    def tokens_as_ids(self, body) -> bool:
+        """Whether logprob tokens are "token_id:{id}": the request's field, else the flag."""
+        if body.return_tokens_as_token_ids is not None:
+            return body.return_tokens_as_token_ids
+        return self.output.return_tokens_as_token_ids
 
     @property
     def model_name(self) -> str:

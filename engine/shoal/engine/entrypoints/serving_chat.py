@@ -83,7 +83,8 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         wants = body.logprobs or body.prompt_logprobs is not None or body.return_token_ids
         return await s.respond(request, gens, n_prompt, head,
                                lambda text: {"message": think.message(text)},
-                               add_logprobs=_response_filler(body, prompt) if wants else None)
+                               add_logprobs=(_response_filler(body, prompt, s.tokens_as_ids(body))
+                                             if wants else None))
 
     s.endpoints['chat'] = (ChatCompletionRequest, chat_completions)
     router.include_router(responses_router(s))  # /v1/responses answers through this endpoint
@@ -147,6 +148,7 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
     `token_ids`."""
     base = {**head, "object": "chat.completion.chunk"}
     reasoning = think.streams(len(gens))
+    as_ids = s.tokens_as_ids(body)
 
     def chunk(i, out, usage=None, delta=None):
         obj = {**base, "choices": []}
@@ -163,7 +165,7 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
                     return None
                 delta = delta or {}
             if body.logprobs:
-                lp = logprobs_format.chat_logprobs(out.logprobs or [])
+                lp = logprobs_format.chat_logprobs(out.logprobs or [], as_ids)
         obj["choices"].append({"index": i, "delta": delta, "logprobs": lp,
                                "finish_reason": out.finish_reason if out else None,
                                "stop_reason": out.stop_reason if out else None})
@@ -180,10 +182,10 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
         media_type="text/event-stream")
 
 
-def _response_filler(body: ChatCompletionRequest, prompt: list[int]):
-    """add_logprobs for Serving.respond: chat's logprobs per choice, prompt_logprobs once;
-    return_token_ids as vLLM shapes it (`prompt_token_ids` on the response, `token_ids` on
-    each choice)."""
+def _response_filler(body: ChatCompletionRequest, prompt: list[int], as_ids: bool = False):
+    """add_logprobs for Serving.respond: chat's logprobs per choice (tokens as "token_id:{id}"
+    with `as_ids`), prompt_logprobs once; return_token_ids as vLLM shapes it
+    (`prompt_token_ids` on the response, `token_ids` on each choice)."""
 
     def add_logprobs(response: dict, c: Collected) -> None:
         if body.return_token_ids:
@@ -192,7 +194,7 @@ def _response_filler(body: ChatCompletionRequest, prompt: list[int]):
                 choice["token_ids"] = c.token_ids[i]
         if body.logprobs:
             for i, choice in enumerate(response["choices"]):
-                choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [])
+                choice["logprobs"] = logprobs_format.chat_logprobs(c.logprobs[i] or [], as_ids)
         if body.prompt_logprobs is not None:  # vLLM: on the response, the prompt is shared
             response["prompt_logprobs"] = logprobs_format.prompt_logprobs(
                 c.prompt_logprobs[0] or [None])

@@ -25,6 +25,7 @@ def completions_router(s: Serving) -> APIRouter:
         s.ensure_available()
         job = _CompletionJob.start(s, body)
         job.request_id = s.request_id(request, body, "cmpl-")
+        job.as_ids = s.tokens_as_ids(body)
         params = body.sampling_params(default_max_tokens=16,
                                       max_logprobs=s.llm.config.max_logprobs,
                                       defaults=s.sampling_defaults)
@@ -61,6 +62,7 @@ class _CompletionJob:
     created: int = field(default_factory=lambda: int(time.time()))
     echoed: list[bool] = field(default_factory=list)  # streaming: the echo went out
     offset: list[int] = field(default_factory=list)  # streaming: text_offset so far
+    as_ids: bool = False  # logprob tokens as "token_id:{id}"
 
     @classmethod
     def start(cls, s: Serving, body: CompletionRequest) -> _CompletionJob:
@@ -102,7 +104,7 @@ class _CompletionJob:
         lp = None
         if body.logprobs is not None:  # offsets go on from the previous chunk's tokens
             lp = logprobs_format.completion_logprobs(ids, positions, self.token_string,
-                                                     self.offset[i])
+                                                     self.offset[i], self.as_ids)
             self.offset[i] += sum(map(len, lp["tokens"]))
         obj["choices"].append({"index": i, "text": text, "logprobs": lp,
                                "finish_reason": out.finish_reason,
@@ -123,7 +125,7 @@ class _CompletionJob:
                     i, choice["text"], ids, positions, c.prompt_logprobs[i])
             if body.logprobs is not None:
                 choice["logprobs"] = logprobs_format.completion_logprobs(
-                    ids, positions, self.token_string)
+                    ids, positions, self.token_string, as_ids=self.as_ids)
             if body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = logprobs_format.prompt_logprobs(
                     c.prompt_logprobs[i] or [None])

@@ -115,7 +115,7 @@ FLAGS: tuple[Flag, ...] = tuple(
                "--trust-request-chat-template:bool")
     + _no_effect(TEXT_ONLY, "--trust-request-mm-kwargs:bool")
     + _refused(CHANGES_ANSWER, "--default-chat-template-kwargs", "--response-role=assistant",
-               "--return-tokens-as-token-ids:bool", "--exclude-tools-when-tool-choice-none:bool",
+               "--exclude-tools-when-tool-choice-none:bool",
                "--tool-server", "--tokens-only:bool", "--enable-force-include-usage:bool",
                "--enable-prompt-tokens-details:bool", "--logits-processors:values",
                "--override-generation-config={}", "--logprobs-mode=raw_logprobs",
@@ -124,6 +124,8 @@ FLAGS: tuple[Flag, ...] = tuple(
                "--enable-return-routed-experts:bool", "--aux-output-config",
                "--structured-outputs-config", "--reasoning-config", "--watermark-config",
                "--use-fp64-gumbel:bool")
+    + _honoured("as vLLM: logprob tokens as 'token_id:{id}' (completions and chat; a request's "
+                "return_tokens_as_token_ids wins)", "--return-tokens-as-token-ids:bool")
     + _honoured("as vLLM, for the parsers docs/serving.md lists (others exit 2 naming them)",
                 "--enable-auto-tool-choice:bool", "--tool-call-parser")
     + _refused("tool calls are found by --tool-call-parser; a plugin file is not loaded",

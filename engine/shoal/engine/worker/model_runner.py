@@ -8,6 +8,7 @@ of its known tokens.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -15,7 +16,13 @@ from shoal.engine import wire
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
-from shoal.engine.worker import logprobs, model_check, paged_attention, tensor_parallel
+from shoal.engine.worker import (
+    kv_sizing,
+    logprobs,
+    model_check,
+    paged_attention,
+    tensor_parallel,
+)
 from shoal.engine.worker.cpu.backend import CpuBackend, cpu_has_native_bf16
 from shoal.engine.worker.input_batch import CachedRequestState, build_sampling_metadata
 from shoal.engine.worker.kv_memory import KvArena
@@ -121,6 +128,27 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    @torch.inference_mode()
+    def profile_run(self, measure=contextlib.nullcontext) -> None:
+        """One step of vLLM's profile batch (kv_sizing.profile_schedule) over a cache just big
+        enough for it, inside `measure()` (the worker's memory meter, entered once that cache
+        exists so it is not counted as activations); then the cache and the requests are gone."""
+        cfg = self.config
+        sched, num_blocks = kv_sizing.profile_schedule(
+            cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len, self.block_size)
+        shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        saved = self.kv_caches
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.num_layers)]
+        try:
+            with measure():
+                self.execute_model(sched)
+        finally:
+            for rid in sched.req_ids:
+                self.states.pop(rid, None)
+            self.kv_caches = saved
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
