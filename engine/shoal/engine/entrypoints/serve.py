@@ -333,6 +333,7 @@ async def _announce(server, args, names: list[str], started: float) -> None:
 async def _serve(llm, args, names: list[str], started: float, defaults: dict) -> int:
     from shoal.contract.auth import api_keys
     from shoal.engine.entrypoints.api_server import HttpSettings, build_app
+    from shoal.engine.entrypoints.serving import OutputSettings
     from shoal.engine.entrypoints.tool_calls import ToolSettings
     from shoal.engine.errors import ConfigError
 
@@ -342,7 +343,8 @@ async def _serve(llm, args, names: list[str], started: float, defaults: dict) ->
                          args.reasoning_parser)
     try:
         app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
-                        tool_settings=tools, http=HttpSettings.from_args(args))
+                        tool_settings=tools, http=HttpSettings.from_args(args),
+                        output=OutputSettings.from_args(args))
     except ConfigError as exc:  # a flag the model cannot take (e.g. a reasoning parser's tags)
         llm.shutdown()
         return _config_error(str(exc))
