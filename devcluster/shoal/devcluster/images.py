@@ -9,6 +9,9 @@
   read-only at build time and named by TORCH_INDEX_URL=file://...; the host's CA bundle is
   mounted too, so pip trusts the package index.
 - pause: the static `pause` from build.sh in an image FROM scratch.
+- model images (oci:// models): a model directory at /models on the python base (KServe's
+  modelcar layout; the base has `sh` and `cp`, which the operator's copy step runs), under the
+  caller's tag, loaded into the running cluster's nodes (docs/models.md).
 
 Each built image is saved as a docker-archive named by a hash of its inputs (the Dockerfile and
 what it copies: every source root), so a warm run neither builds nor saves; loading into a node
@@ -239,15 +242,18 @@ def node_images(sock: Path) -> set[str]:
     return set(out.decode().split())
 
 
-def needs_import(held: set[str], store: Path, archive: Path, what: str) -> bool:
+def needs_import(held: set[str], store: Path, archive: Path, what: str,
+                 tag: str | None = None) -> bool:
     """False when this node already imported this very archive and still holds its image
-    (`held`: node_images; a kubelet under disk pressure deletes unused images, marker or not)."""
+    (`held`: node_images; a kubelet under disk pressure deletes unused images, marker or not).
+    `tag` is the image's name (default: TAGS[what])."""
+    tag = tag or TAGS[what]
     marker = store / "loaded" / what
     if not (marker.is_file() and marker.read_text() == archive.name):
         return True
-    if TAGS[what] in held:
+    if tag in held:
         return False
-    log(f"{store.name}: {TAGS[what]} was imported before but is gone (the kubelet deletes "
+    log(f"{store.name}: {tag} was imported before but is gone (the kubelet deletes "
         "unused images when the disk runs short); importing it again")
     return True
 
@@ -263,3 +269,125 @@ def import_into_node(sock: Path, store: Path, archive: Path, what: str) -> None:
 def build_all() -> dict[str, Path]:
     """Every target's archive by target name, each built unless cached."""
     return {target: build_target(target, tag) for target, tag in TARGETS.items()}
+
+
+# -- model images (oci://) -----------------------------------------------------------------------
+MODEL_MOUNT = "/models"  # KServe's modelcar convention: the model directory inside the image
+MODEL_RECIPE = "1"
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """The files of a model directory that go into its image (names starting with "." do not:
+    build stamps and caches), sorted."""
+    model_dir = Path(model_dir)
+    return sorted(p for p in model_dir.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(model_dir).parts))
+
+
+def model_hash(model_dir: Path, tag: str) -> str:
+    """What names a model image's archive: the recipe, the base, the tag and every file's path
+    and content (not its mtime: a rebuilt identical model reuses the archive)."""
+    h = hashlib.sha256(f"model-image={MODEL_RECIPE}\nbase={PYTHON_BASE_TAG}\ntag={tag}\n"
+                       .encode())
+    for f in model_files(model_dir):
+        h.update(str(f.relative_to(model_dir)).encode() + b"\0")
+        fh = hashlib.sha256()
+        with open(f, "rb") as src:
+            while chunk := src.read(8 << 20):
+                fh.update(chunk)
+        h.update(fh.digest())
+    return h.hexdigest()[:16]
+
+
+def model_containerfile(digest: str) -> str:
+    """The model image's build file: the model at MODEL_MOUNT, owned by root and readable by
+    every user (the engine runs as 10001), nothing run at build time."""
+    return (f"FROM {PYTHON_BASE_TAG}\n"
+            f"COPY --chown=0:0 model/ {MODEL_MOUNT}/\n"
+            f"LABEL dev.shoal.model-hash={digest} org.opencontainers.image.title=shoal-model\n")
+
+
+def _model_context(model_dir: Path, work: Path, digest: str) -> None:
+    """Containerfile + model/: files of mode 0644 hard-linked (no copy of the weights), others
+    copied and made 0644, directories 0755, so the image does not depend on a umask."""
+    (work / "Containerfile").write_text(model_containerfile(digest))
+    for f in model_files(model_dir):
+        dst = work / "model" / f.relative_to(model_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if f.stat().st_mode & 0o777 == 0o644:
+            try:
+                os.link(f, dst)
+                continue
+            except OSError:
+                pass
+        shutil.copyfile(f, dst)
+        os.chmod(dst, 0o644)
+    for d in [work / "model", *(p for p in (work / "model").rglob("*") if p.is_dir())]:
+        os.chmod(d, 0o755)
+
+
+def _tag_slug(tag: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", tag)
+
+
+def build_model_image(model_dir: Path, tag: str) -> Path:
+    """The docker-archive of an image holding `model_dir` at /models under `tag`, built with
+    buildah on the python base unless an archive for these files and tag exists."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise DevClusterError(f"{model_dir} is not a model directory (no config.json)")
+    digest = model_hash(model_dir, tag)
+    archive = images_dir() / f"model-{_tag_slug(tag)}-{digest}.tar"
+    if archive.is_file():
+        log(f"model image {tag}: cached ({archive.name})")
+        return archive
+    ensure_base()
+    work = images_dir() / f"model-{digest}.context"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        _model_context(model_dir, work, digest)
+        logp = images_dir() / f"build-model-{digest}.log"
+        log(f"model image {tag}: buildah bud {model_dir} (log {logp})")
+        run_logged(["nice", "-n", "10", "buildah", *storage_args(), "bud", "--isolation",
+                    "chroot", "--pull-never", "--format", "docker", "-f",
+                    str(work / "Containerfile"), "-t", tag, str(work)],
+                   logp, what=f"model image {tag}: build")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    earlier = sorted(images_dir().glob(f"model-{_tag_slug(tag)}-*.tar"),
+                     key=lambda p: p.stat().st_mtime)
+    for old in earlier[:-1]:
+        old.unlink()  # keep the newest other one, as build_target does
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    log(f"model image {tag}: saving -> {archive.name}")
+    run(["buildah", *storage_args(), "push", tag, f"docker-archive:{tmp}:{tag}"], timeout=900)
+    os.replace(tmp, archive)
+    return archive
+
+
+def load_into_nodes(archive: Path, tag: str, what: str) -> list[str]:
+    """Import an image archive into every node of the running cluster (each skipped when it
+    already holds it, as the start does for the cluster's own images); the nodes that imported.
+    `what` names the archive's marker in each node's store (one per image kind)."""
+    from shoal.devcluster.layout import nodes
+
+    loaded = []
+    for n in nodes():
+        if not n.sock.exists():
+            raise DevClusterError(f"{n.name}: no containerd at {n.sock} (is the cluster up? "
+                                  "python -m shoal.devcluster start)")
+        if needs_import(node_images(n.sock), n.store, archive, what, tag):
+            import_into_node(n.sock, n.store, archive, what)
+            loaded.append(n.name)
+    return loaded
+
+
+def ensure_model_image(model_dir: Path, tag: str) -> Path:
+    """Build (cached) and load into the running cluster's nodes: what an oci:// model test
+    calls before it names `oci://TAG` in an InferenceEngine (imagePullPolicy IfNotPresent: no
+    registry serves it)."""
+    archive = build_model_image(model_dir, tag)
+    load_into_nodes(archive, tag, f"model-{_tag_slug(tag)}")
+    return archive
