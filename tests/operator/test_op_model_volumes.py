@@ -182,3 +182,17 @@ def test_oci_mode_is_chosen_from_the_servers_version(mode, info, want):
 def test_an_unknown_oci_mode_is_refused_naming_it():
     with pytest.raises(ValueError, match="SHOAL_OCI_MODE='sometimes'"):
         settings.from_env(None, {settings.OCI_MODE_ENV: "sometimes"})
+
+
+def test_the_rendered_fetch_command_is_what_shoal_fetch_parses():
+    """Contract: the operator's command line fed into the real `shoal fetch` parser."""
+    from shoal.contract.model_fetch import parse_hf
+    from shoal.fetch.cli import parser
+
+    body = engine().set(model="hf://Org/Model-7B@refs/pr/3").obj()
+    (pod,) = _pods(body)
+    command = pod["spec"]["initContainers"][0]["command"]
+    assert command[:2] == ["shoal", "fetch"]
+    args = parser().parse_args(command[2:])
+    assert parse_hf(args.model) == mf.HubRef("Org/Model-7B", "refs/pr/3")
+    assert args.cache_dir == mf.CACHE_DIR

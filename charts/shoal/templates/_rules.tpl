@@ -22,6 +22,10 @@ cluster-scoped rules always need the ClusterRole.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
+# The tail of a running model-fetch init container's log: download progress in the status.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Frontend Service, headless ranks Service.
 - apiGroups: [""]
   resources: ["services"]

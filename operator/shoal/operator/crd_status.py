@@ -100,6 +100,23 @@ def _group() -> dict:
             "stopReason": typed("string", "stopReason says why the group is stopping: "
                                 "scale-down, update, delete."),
             "ranks": typed("array", "ranks lists every rank's pod and node.", items=_rank()),
+            "download": _download(),
+        },
+    )
+
+
+def _download() -> dict:
+    return obj(
+        "download is the hf:// model download of a Starting group while a rank's `model-fetch` "
+        "init container runs (the lowest rank's last progress line); absent otherwise.",
+        {
+            "message": typed("string", "message is the progress. Example: `downloading 1.2 of "
+                             "4.5 GiB (Qwen/Qwen2.5-7B-Instruct@main)`."),
+            "percent": typed("integer", "percent downloaded. Example: `26`.", format="int32"),
+            "eventPercent": typed("integer", "eventPercent is the percent of the last "
+                                  "ModelDownloading Event (one per 10% or minute).",
+                                  format="int32"),
+            "eventTime": _time("eventTime is when the last ModelDownloading Event was posted."),
         },
     )
 

@@ -62,12 +62,26 @@ def _engine_state(pod: dict) -> dict:
     return {}
 
 
+def failed_init(pod: dict) -> tuple[str, dict] | None:
+    """The first init container that ended with an error (model-fetch, a template's own), and
+    its terminated state. Engine pods never restart in place (restartPolicy Never): the pod has
+    failed, and the operator restarts the group with its back-off, or not, by the cause."""
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term and term.get("exitCode") not in (0, None):
+            return cs.get("name") or "", term
+    return None
+
+
 def terminated_state(pod: dict) -> dict | None:
-    """The engine container's terminated state, or a synthetic one for a pod that failed
-    without one (evicted, or the node lost)."""
+    """The engine container's terminated state, a failed init container's (its reason naming
+    it), or a synthetic one for a pod that failed without one (evicted, or the node lost)."""
     state = (_engine_state(pod).get("state") or {}).get("terminated")
     if state:
         return state
+    if (init := failed_init(pod)) is not None:
+        name, term = init
+        return {**term, "reason": f"{name}: {term.get('reason') or 'Error'}"}
     status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
         return {"exitCode": None, "reason": status.get("reason") or status.get("phase"),
@@ -96,7 +110,7 @@ def failure_of(pod: dict) -> Failure | None:
         # the engine's: classifying them would read "no such file" as a missing model.
         text = ""
     parsed = parse_termination_message(text)
-    if reason == "OOMKilled":
+    if reason.endswith("OOMKilled"):
         cause = Cause.OOM_KILLED
     elif parsed.structured or parsed.cause != Cause.UNKNOWN:
         cause = parsed.cause

@@ -78,6 +78,21 @@ class Kube:
         query = {"labelSelector": selector} if selector else {}
         return self.request("GET", path(api_version, plural, namespace), query=query)["items"]
 
+    def log_tail(self, namespace: str, pod: str, container: str, lines: int) -> str:
+        """The last `lines` lines of one container's log ("" when there is none yet)."""
+        self._count("get", "pods/log", self.reads)
+        params = self.api.param_serialize(
+            method="GET", resource_path=path("v1", "pods", namespace, pod, "log"),
+            query_params=[("container", container), ("tailLines", str(lines))],
+            header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"])
+        resp = self.api.call_api(*params)
+        data = resp.read()
+        if resp.status in (400, 404):  # not started yet, or gone
+            return ""
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, http_resp=resp)
+        return data.decode(errors="replace")
+
     # writes (each counted)
     def create(self, obj: dict) -> dict | None:
         """Create; an object that already exists (409) is not an error: names are deterministic,

@@ -8,9 +8,11 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shoal.contract.model_fetch import FETCH_CONTAINER
 from shoal.operator import labels as L
 from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
+from shoal.operator.fetch_progress import fetching
 from shoal.operator.phases import GroupStage
 from shoal.operator.spec import EngineRef, EngineSpec
 
@@ -48,6 +50,8 @@ class Observed:
     pods: Mapping[int, Mapping[int, dict]] = field(default_factory=dict)
     # draining group -> rank 0's requests in flight
     in_flight: Mapping[int, int] = field(default_factory=dict)
+    # group -> rank -> the tail of its running model-fetch container's log (fetch_progress.py)
+    fetch_logs: Mapping[int, Mapping[int, str]] = field(default_factory=dict)
     deleting: bool = False
     generation: int = 0
 
@@ -87,6 +91,7 @@ class PassState:
     actions: list[Action] = field(default_factory=list)
     in_flight: dict = field(default_factory=dict)  # group -> rank 0's requests in flight (draining)
     drain_probes: dict = field(default_factory=dict)  # group -> rank 0's /metrics URL to read
+    fetch_logs: Mapping = field(default_factory=dict)  # group -> rank -> model-fetch log tail
 
     def act(self, action: Action) -> None:
         self.actions.append(action)
@@ -168,13 +173,25 @@ def status_differs(old: dict, new: dict) -> bool:
 STALL_MARGIN_SECONDS = 120
 
 
+# Waiting reasons that say only that the container has not started yet.
+QUIET_WAITS = ("ContainerCreating", "PodInitializing")
+
+
 def waiting_reason(pod: dict) -> str:
     """Why a pod is not running yet, as the kubelet or scheduler said it (ImagePullBackOff,
-    CrashLoopBackOff, Unschedulable, ...), with its message; "" when nothing is said."""
+    CrashLoopBackOff, Unschedulable, a missing Secret, ...), with its message; "" when nothing
+    is said. An init container's (the model-fetch) comes first, named: it is what blocks."""
     status = pod.get("status") or {}
+    for cs in status.get("initContainerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] not in QUIET_WAITS:
+            text = f"{cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')[:160]}"
+            if cs.get("name") == FETCH_CONTAINER and "secret" in waiting.get("message", ""):
+                text += " (spec.modelAuth.secretName)"
+            return text.strip(": ")
     for cs in status.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+        if waiting.get("reason") and waiting["reason"] not in QUIET_WAITS:
             return f"{waiting['reason']}: {waiting.get('message', '')[:160]}".strip(": ")
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason"):
@@ -231,6 +248,8 @@ def startup_stage(pods: dict[int, dict]) -> GroupStage:
         waits = [(cs.get("state") or {}).get("waiting") for cs in containers]
         if not scheduled:
             stages.append(GroupStage.SCHEDULING)
+        elif fetching(p):
+            stages.append(GroupStage.FETCHING_MODEL)
         elif not containers or any(w and w.get("reason") in IMAGE_WAITS for w in waits):
             stages.append(GroupStage.PULLING_IMAGE)
         elif any(waits):

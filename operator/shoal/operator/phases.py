@@ -49,6 +49,7 @@ class GroupStage(WireEnum):
 
     SCHEDULING = "Scheduling"  # a rank's pod is not bound to a node yet
     PULLING_IMAGE = "PullingImage"  # a rank's container is not started: image pull, volumes
+    FETCHING_MODEL = "FetchingModel"  # a rank's model-fetch init container downloads (hf://)
     RESTARTING = "Restarting"  # a rank's container is waiting to start again (CrashLoopBackOff)
     LOADING = "Loading"  # every container runs; rank 0's /health is not ok yet
     READY = "Ready"  # every rank Ready

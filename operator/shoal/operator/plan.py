@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from shoal.contract.model_fetch import FETCH_CONTAINER
+from shoal.operator import fetch_progress, render
 from shoal.operator import labels as L
-from shoal.operator import render
 from shoal.operator.actions import Action, ApplyChildren, CreatePods, WriteDiscovery
 from shoal.operator.backoff import restart_delay, restarts_exhausted
 from shoal.operator.events import NORMAL, WARNING
@@ -71,7 +72,8 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
                if m.get("phase") == GroupPhase.READY and g < replicas}
     st = PassState(ref=observed.ref, spec=spec, now=now, last_failure=memory.last_failure,
                    restart_count=memory.restart_count, deleting=deleting,
-                   in_flight=dict(observed.in_flight), serving=serving)
+                   in_flight=dict(observed.in_flight), serving=serving,
+                   fetch_logs=observed.fetch_logs)
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
     if not problems and not deleting:
         st.act(ApplyChildren(tuple(sorted(st.serving))))
@@ -95,6 +97,8 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
         if new is not None:
             if new.get("phase") not in (GroupPhase.STARTING, GroupPhase.READY):
                 new.pop("stage", None)
+            if new.get("phase") != GroupPhase.STARTING:
+                new.pop("download", None)
             seen = {**gpods, **st.created.get(g, {})}
             new["ranks"] = ranks_status(seen if new.get("phase") != GroupPhase.BACKING_OFF else {})
             groups.append(new)
@@ -192,15 +196,43 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     ready = sum(pod_ready(p) for p in pods.values())
     waiting = [f"rank {r}: {w}" for r, p in sorted(pods.items()) if (w := waiting_reason(p))]
     message = f"{ready}/{nodes} ranks ready" + (f"; {'; '.join(waiting)}" if waiting else "")
-    if waiting and message != mem.get("message"):  # Pending reasons, once per change
+    if waiting and not (mem.get("message") or "").startswith(message):  # once per change
         st.event(WARNING, "RankWaiting", f"group {g}: {'; '.join(waiting)}")
+    message += _download(st, g, mem, pods)
     mem.update(phase=GroupPhase.STARTING, stage=startup_stage(pods), message=message)
     mem.pop("readySince", None)
     return mem
 
 
+def _download(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> str:
+    """While a rank's model-fetch runs: its progress in `download` and the message (an Event
+    per EVENT_STEP_PERCENT or minute), and a pass again in POLL_SECONDS to read it anew."""
+    if not any(fetch_progress.fetching(p) for p in pods.values()):
+        mem.pop("download", None)
+        return ""
+    st.requeue(fetch_progress.POLL_SECONDS)
+    progress = fetch_progress.group_progress(st.fetch_logs.get(g) or {})
+    if progress is None:
+        return "; fetching the model"
+    mem["download"], due = fetch_progress.next_download(mem.get("download"), progress, st.now,
+                                                        iso)
+    if due:
+        st.event(NORMAL, "ModelDownloading", f"group {g}: {progress.text}")
+    return f"; {progress.text}"
+
+
+def _named(st: PassState, death: Failure) -> Failure:
+    """A model-fetch failure names the repository it fetched (the fetcher's message does;
+    this holds for any fetcher image)."""
+    hub = st.spec.source.hub
+    if hub and death.reason.startswith(FETCH_CONTAINER) and hub.repo_id not in death.message:
+        return replace(death, message=f"{hub.uri}: {death.message}")
+    return death
+
+
 def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Failure) -> dict:
     rp = st.spec.restart
+    death = _named(st, death)
     st.last_failure = death.to_status()
     mem["failureKey"] = death.key
     mem.pop("readySince", None)

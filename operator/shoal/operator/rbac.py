@@ -22,6 +22,9 @@ RULES: list[dict] = [
     {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/finalizers"], "verbs": ["update"]},
     # Engine pods are owned directly: listed and watched, created, deleted (never updated).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    # The tail of a running `model-fetch` init container's log: its download progress, shown
+    # in the group's status (fetch_progress.py).
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     # Frontend Service, headless ranks Service: created, then patched on change.
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch"]},
     # The discovery ConfigMap: created, then patched; list/watch only because the frontends' Role

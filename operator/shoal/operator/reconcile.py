@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shoal.contract.model_fetch import FETCH_CONTAINER
+from shoal.operator import fetch_progress
 from shoal.operator import labels as L
 from shoal.operator.apply import Applier
 from shoal.operator.kube import Kube
@@ -114,8 +116,27 @@ class Reconciler:
                 by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
         meta = body["metadata"]
         return Observed(ref=ref, pods=by_group, in_flight=self.in_flight(ref.namespace, ref.name),
+                        fetch_logs=self._fetch_logs(ref, by_group),
                         deleting=bool(meta.get("deletionTimestamp")),
                         generation=meta.get("generation", 0))
+
+    def _fetch_logs(self, ref: EngineRef, by_group: dict) -> dict[int, dict[int, str]]:
+        """The log tail of every running model-fetch container (its download progress). A read
+        that fails shows no progress this pass; it is never a reason to fail the pass."""
+        out: dict[int, dict[int, str]] = {}
+        for g, pods in by_group.items():
+            for r, p in pods.items():
+                if not fetch_progress.fetching(p):
+                    continue
+                try:
+                    tail = self.kube.log_tail(ref.namespace, p["metadata"]["name"],
+                                              FETCH_CONTAINER, fetch_progress.LOG_TAIL_LINES)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("%s: could not read the %s log of %s: %s", ref,
+                                FETCH_CONTAINER, p["metadata"]["name"], e)
+                    continue
+                out.setdefault(g, {})[r] = tail
+        return out
 
     def _report(self, observed: Observed, spec: EngineSpec, p: Plan, old: dict,
                 now: dt.datetime) -> dict:
