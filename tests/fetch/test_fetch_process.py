@@ -164,3 +164,18 @@ def test_content_that_differs_from_the_metadata_is_deleted_and_transient(hub_roo
     assert "model.safetensors: sha256" in got.termination.message
     blobs = cache / f"models--{REPO_ID.replace('/', '--')}" / "blobs"
     assert len(list(blobs.iterdir())) == 5  # the bad weights blob is gone, the rest stay
+
+
+def test_a_verified_snapshot_serves_while_the_hub_is_down(hub_root, tmp_path) -> None:
+    hub = Hub(hub_root, tmp_path / "hub.log")
+    cache = tmp_path / "cache"
+    try:
+        assert run_fetch(URI, cache, hub.url, tmp_path).rc == 0
+    finally:
+        hub.kill()
+    got = run_fetch(URI, cache, hub.url, tmp_path)  # nothing listens there now
+    assert got.rc == 0, got.out + got.err
+    assert "cached" in got.out and "the hub is unreachable now" in got.out
+    # a cache without that revision's verified snapshot has nothing to fall back on
+    other = run_fetch(URI, tmp_path / "empty", hub.url, tmp_path)
+    assert other.rc == 1 and other.termination.cause == Cause.DOWNLOAD_FAILED

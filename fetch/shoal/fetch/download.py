@@ -5,7 +5,10 @@ Under the repository's lock (lock.py):
    commit, the same files by stat) and answers "cached" without calling the hub: N ranks of M
    groups sharing a cache make one set of hub calls, not N x M.
 2. Otherwise `model_info(files_metadata=True)` gives the commit and every engine file's size and
-   hash. A snapshot whose files match (a record, or hashing them once) is "cached".
+   hash. A snapshot whose files match (a record, or hashing them once) is "cached". When the
+   hub cannot be reached (a transient fault, never a refusal or a not-found) and the cache holds
+   a snapshot verified for this revision, that one is "cached", said so: an engine offline
+   would serve it anyway, and a pod restarting during a hub outage still starts.
 3. Otherwise `snapshot_download` at that commit (so the metadata and the files agree even when
    the branch moves meanwhile), progress lines meanwhile, then every file is checked; a bad file's
    blob is deleted (HashMismatch: transient, the next try downloads it again).
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from shoal.contract.model_fetch import ENGINE_FILES, HubRef
 from shoal.fetch import verify
-from shoal.fetch.errors import HashMismatch, NoEngineFiles
+from shoal.fetch.errors import HashMismatch, NoEngineFiles, is_transient
 from shoal.fetch.lock import repo_lock
 from shoal.fetch.progress import Reporter, bytes_present
 
@@ -69,13 +72,15 @@ def _gib(n: int) -> str:
     return f"{n / _GIB:.2f} GiB"
 
 
-def _trust_the_one_waited_for(cache_dir, ref: HubRef, since: float) -> Result | None:
+def _verified(cache_dir, ref: HubRef, since: float | None = None) -> Result | None:
+    """The snapshot refs/REVISION names, when its record (written since `since`, if given)
+    still holds; None otherwise."""
     commit = read_ref(cache_dir, ref)
     if commit is None:
         return None
     record = verify.record_path(cache_dir, ref.repo_id, commit)
     try:
-        fresh = record.stat().st_mtime >= since - 1.0
+        fresh = since is None or record.stat().st_mtime >= since - 1.0
     except OSError:
         return None
     files = verify.recorded_files(cache_dir, ref.repo_id, commit) if fresh else None
@@ -97,14 +102,25 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
     with repo_lock(cache_dir, ref, on_wait=lambda p: say(f"waiting for another fetch ({p})")) \
             as held:
         if held.waited:
-            done = _trust_the_one_waited_for(cache_dir, ref, held.wait_began)
+            done = _verified(cache_dir, ref, since=held.wait_began)
             if done is not None:
                 say(f"cached (commit {done.commit[:12]}, {done.files} files, "
                     f"{_gib(done.total_bytes)}, verified by the fetch this one waited "
                     f"{held.waited_s:.1f} s for)")
                 return done
-        info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True,
-                                  token=token)
+        try:
+            info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True,
+                                      token=token)
+        except Exception as exc:
+            # The hub unreachable or failing (never a refusal or a not-found): a snapshot this
+            # cache verified for the revision serves, as an offline engine would serve it.
+            done = _verified(cache_dir, ref) if is_transient(exc) else None
+            if done is None:
+                raise
+            say(f"cached (commit {done.commit[:12]}, {done.files} files, "
+                f"{_gib(done.total_bytes)}: the snapshot refs/{ref.revision} named when it was "
+                f"verified; the hub is unreachable now: {type(exc).__name__})")
+            return done
         commit = info.sha
         expected = verify.expected_files(info.siblings)
         if not expected:

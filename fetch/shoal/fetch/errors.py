@@ -113,6 +113,12 @@ def classify(exc: BaseException, ctx: Context, _depth: int = 0) -> Failure:
     return Failure(TRANSIENT[0], TRANSIENT[1].format(**fields))
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A network or hub fault (not a refusal, a not-found or a bad setting)."""
+    ctx = Context(HubRef("-/-"), "", False)
+    return classify(exc, ctx).cause == Cause.DOWNLOAD_FAILED
+
+
 def scrub(text: str, secret: str | None) -> str:
     """Never print the token, whatever an error message carries."""
     return text.replace(secret, "***") if secret else text
