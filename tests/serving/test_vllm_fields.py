@@ -45,6 +45,7 @@ class ScriptedEngine:
         self.text = "abcdef"
         self.asked: list[tuple[list[int], object]] = []
         self.priorities: list[int] = []
+        self.cached = 0  # prompt tokens each request reports served from the prefix cache
 
     def _check_available(self) -> None:
         pass
@@ -56,9 +57,9 @@ class ScriptedEngine:
                                                                  params.max_tokens)
         for i in range(n):
             last = i == n - 1
+            finish = ("length" if n < len(self.text) else "stop") if last else None
             yield RequestOutput(request_id, self.text[i], [100 + i], len(ids), i + 1,
-                                finish_reason=(("length" if n < len(self.text) else "stop")
-                                               if last else None))
+                                num_cached_tokens=self.cached, finish_reason=finish)
 
 
 @pytest.fixture
@@ -344,3 +345,38 @@ def test_a_priority_outside_int64_is_a_400_naming_it(served):
     _, client = served
     r = client().post("/v1/completions", json={"prompt": "a", "priority": 2**63})
     assert r.status_code == 400 and "priority" in r.json()["error"]["message"]
+
+
+# ----- --enable-prompt-tokens-details ----------------------------------------------------
+
+
+def _usages(r) -> list[dict]:
+    if r.headers["content-type"].startswith("text/event-stream"):
+        return [c["usage"] for c in _sse(r.text) if c.get("usage")]
+    return [r.json()["usage"]]
+
+
+@pytest.mark.parametrize("path, body", PRIORITY_BODIES[:2], ids=["completions", "chat"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("enabled", [False, True])
+def test_prompt_tokens_details_carry_the_cached_tokens_with_the_flag(served, path, body, stream,
+                                                                     enabled):
+    from shoal.engine.entrypoints.serving import OutputSettings
+
+    engine, client = served
+    engine.cached = 16
+    http = client(output=OutputSettings(enable_prompt_tokens_details=enabled))
+    if stream:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    (u,) = _usages(http.post(path, json=body))
+    if enabled:
+        assert u["prompt_tokens_details"] == {"cached_tokens": 16}
+    else:
+        assert "prompt_tokens_details" not in u  # vLLM's default: absent
+
+
+def test_responses_report_the_cached_tokens_always(served):
+    engine, client = served
+    engine.cached = 32
+    r = client().post("/v1/responses", json={"input": "a", "max_output_tokens": 2})
+    assert r.json()["usage"]["input_tokens_details"] == {"cached_tokens": 32}

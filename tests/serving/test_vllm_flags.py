@@ -174,9 +174,10 @@ def test_vllm_command_line_starts_and_honours_its_http_flags(tiny_model, tmp_pat
 @pytest.mark.process
 def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
     """--scheduling-policy priority: a request's priority reaches the engine (not refused);
-    --return-tokens-as-token-ids: logprob tokens are "token_id:{id}" unless the request says."""
+    --return-tokens-as-token-ids: logprob tokens are "token_id:{id}" unless the request says;
+    --enable-prompt-tokens-details: usage says how many prompt tokens the prefix cache served."""
     s = ServeProcess(tiny_model, tmp_path, "--scheduling-policy", "priority",
-                     "--return-tokens-as-token-ids")
+                     "--return-tokens-as-token-ids", "--enable-prompt-tokens-details")
     try:
         s.wait_healthy()
         chat = {"model": MODEL_NAME, "max_tokens": 2, "priority": -5,
@@ -194,6 +195,15 @@ def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
         r = httpx.post(f"{s.url}/v1/chat/completions", json={
             **chat, "return_tokens_as_token_ids": False}, timeout=60).json()
         assert not r["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:")
+        prompt = list(range(100, 140))  # 40 tokens: two full 16-token blocks to reuse
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
+        first = httpx.post(f"{s.url}/v1/completions", json=body, timeout=60).json()
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        again = httpx.post(f"{s.url}/v1/completions", json={
+            **body, "stream": True, "stream_options": {"include_usage": True}}, timeout=60)
+        usage = [json.loads(line[6:])["usage"] for line in again.text.splitlines()
+                 if line.startswith("data: {") and '"usage"' in line][-1]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
     finally:
         s.stop()
 

@@ -272,3 +272,6 @@ def _chat_flags(chat) -> None:
     chat.add_argument("--chat-template", default=None,
                       help="a Jinja chat template instead of the model's: a file, or the "
                            "template itself (as vLLM: text with {, } or a newline)")
+    chat.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction,
+                      default=False, help="usage.prompt_tokens_details.cached_tokens: the "
+                                          "prompt tokens served from the prefix cache")

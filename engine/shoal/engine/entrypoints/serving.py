@@ -29,9 +29,14 @@ _json = msgspec.json.Encoder()
 PRIORITY_HEADER = "X-Vllm-Priority"  # vLLM's: a request's priority, over the body's
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; with `cached_tokens` (--enable-prompt-tokens-details) vLLM's
+    prompt_tokens_details: the prompt tokens served from the prefix cache."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def sse(obj) -> bytes:
@@ -109,12 +114,20 @@ class Collected:
     # Per choice, when the request asked for them (else None).
     logprobs: list[list[PositionLogprobs] | None] = field(default_factory=list)
     prompt_logprobs: list[list[PositionLogprobs | None] | None] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)  # prompt tokens from the prefix cache
+
+    def usage(self, n_prompt: list[int], details: bool) -> dict:
+        """The answer's usage; with `details`, the first choice's cached prompt tokens (vLLM
+        reports its one request's)."""
+        return usage(sum(n_prompt), sum(self.completion_tokens),
+                     self.cached[0] if details else None)
 
 
 async def collect(gens) -> Collected:
     c = Collected([""] * len(gens), [None] * len(gens), [None] * len(gens), [0] * len(gens),
-                  [[] for _ in gens], [None] * len(gens), [None] * len(gens))
+                  [[] for _ in gens], [None] * len(gens), [None] * len(gens), [0] * len(gens))
     async for i, out in merged_choices(gens):
+        c.cached[i] = max(c.cached[i], out.num_cached_tokens)
         c.texts[i] += out.text
         c.token_ids[i] += out.token_ids
         if out.logprobs is not None:
@@ -134,10 +147,12 @@ class OutputSettings:
     # --return-tokens-as-token-ids: logprob tokens as "token_id:{id}" (a request's own
     # return_tokens_as_token_ids wins, as in vLLM).
     return_tokens_as_token_ids: bool = False
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens.
+    enable_prompt_tokens_details: bool = False
 
     @classmethod
     def from_args(cls, args) -> OutputSettings:
-        return cls(args.return_tokens_as_token_ids)
+        return cls(args.return_tokens_as_token_ids, args.enable_prompt_tokens_details)
 
 
 @dataclass
@@ -152,6 +167,12 @@ class Serving:
     # The generation endpoints by body type ("chat", "completion"), for /invocations.
     endpoints: dict = field(default_factory=dict)
     output: OutputSettings = field(default_factory=OutputSettings)
+
+    def prompt_details(self, request: Request) -> bool:
+        """Whether usage carries prompt_tokens_details: the flag, or an endpoint that always
+        reports them (/v1/responses' input_tokens_details, as vLLM's)."""
+        return (self.output.enable_prompt_tokens_details
+                or getattr(request.state, "prompt_tokens_details", False))
 
     def tokens_as_ids(self, body) -> bool:
         """Whether logprob tokens are "token_id:{id}": the request's field, else the flag."""
@@ -228,20 +249,23 @@ class Serving:
             for i, choice in enumerate(choices):
                 choice["prompt_token_ids"], choice["token_ids"] = prompt_ids[i], c.token_ids[i]
         response = {**head, "choices": choices,
-                    "usage": usage(sum(n_prompt), sum(c.completion_tokens))}
+                    "usage": c.usage(n_prompt, self.prompt_details(request))}
         if add_logprobs is not None:
             add_logprobs(response, c)
         return JSONResponse(response)
 
     async def stream_events(self, gens, make_chunk, n_prompt: list[int],
                             usage_flags: tuple[bool, bool],
-                            first_chunks: list[dict]) -> AsyncIterator[bytes]:
+                            first_chunks: list[dict], details: bool = False
+                            ) -> AsyncIterator[bytes]:
         """SSE bytes: `first_chunks` (one per choice, in order), one chunk per delta with text or
         a finish, the usage chunk if asked, and `data: [DONE]`; a failure after the 200 is
         reported in-band. `usage_flags`: (final usage chunk, usage in every chunk: vLLM's
-        continuous_usage_stats, the choice's prompt and its tokens so far)."""
+        continuous_usage_stats, the choice's prompt and its tokens so far); `details`: the
+        final usage carries prompt_tokens_details (the first choice's cached tokens)."""
         include_usage, continuous = usage_flags
         completion = [0] * len(gens)
+        cached = [0] * len(gens)
 
         def framed(i: int, obj: dict) -> bytes:
             if continuous:
@@ -253,12 +277,14 @@ class Serving:
                 yield framed(i, c)
             async for i, out in merged_choices(gens):
                 completion[i] = out.num_output_tokens
+                cached[i] = max(cached[i], out.num_cached_tokens)
                 if out.text or out.finished or out.logprobs:  # logprobs: even without text
                     obj = make_chunk(i, out)
                     if obj is not None:  # None: nothing to send (a lone reasoning token)
                         yield framed(i, obj)
             if include_usage:
-                yield sse(make_chunk(None, None, usage=usage(sum(n_prompt), sum(completion))))
+                yield sse(make_chunk(None, None, usage=usage(
+                    sum(n_prompt), sum(completion), cached[0] if details else None)))
         except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
             status, body = error_json(exc)
             logger.warning("stream failed (%d): %s", status, body["error"]["message"])

@@ -75,11 +75,14 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         if plan is not None and plan.mode != "none":
             if body.stream:
                 return StreamingResponse(
-                    _tool_stream(s, body, plan, gens, head, n_prompt, think),
+                    _tool_stream(s, body, plan, gens, head, n_prompt, think,
+                                 s.prompt_details(request)),
                     media_type="text/event-stream")
-            return await _tool_response(request, plan, gens, head, n_prompt, think)
+            return await _tool_response(request, plan, gens, head, n_prompt, think,
+                                        s.prompt_details(request))
         if body.stream:
-            return _text_stream(s, body, gens, head, n_prompt, prompt, think)
+            return _text_stream(s, body, gens, head, n_prompt, prompt, think,
+                                s.prompt_details(request))
         wants = body.logprobs or body.prompt_logprobs is not None or body.return_token_ids
         return await s.respond(request, gens, n_prompt, head,
                                lambda text: {"message": think.message(text)},
@@ -141,7 +144,8 @@ def _chat_params(s: Serving, body: ChatCompletionRequest, plan: ToolPlan | None)
 
 
 def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
-                 n_prompt: list[int], prompt: list[int], think: _Thinking) -> StreamingResponse:
+                 n_prompt: list[int], prompt: list[int], think: _Thinking,
+                 details: bool = False) -> StreamingResponse:
     """SSE of a chat answer without tool calls: the role delta first, then content deltas
     (with a reasoning parser, `reasoning` and `content` deltas as vLLM splits them). With
     return_token_ids, vLLM's shape: the first chunk carries `prompt_token_ids`, each delta its
@@ -178,7 +182,7 @@ def _text_stream(s: Serving, body: ChatCompletionRequest, gens, head: dict,
     if body.return_token_ids:
         role[0]["prompt_token_ids"] = prompt
     return StreamingResponse(
-        s.stream_events(gens, chunk, n_prompt, usage_flags(body.stream_options), role),
+        s.stream_events(gens, chunk, n_prompt, usage_flags(body.stream_options), role, details),
         media_type="text/event-stream")
 
 
@@ -203,7 +207,8 @@ def _response_filler(body: ChatCompletionRequest, prompt: list[int], as_ids: boo
 
 
 async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
-                         n_prompt: list[int], think: _Thinking) -> Response:
+                         n_prompt: list[int], think: _Thinking, details: bool = False
+                         ) -> Response:
     c = await until_disconnect(request, collect(gens))
     if c is None:
         return Response(status_code=499)
@@ -226,11 +231,11 @@ async def _tool_response(request: Request, plan: ToolPlan, gens, head: dict,
                         "finish_reason": _finish(c.finish[i], bool(calls)),
                         "stop_reason": c.stop_reason[i]})
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(sum(n_prompt), sum(c.completion_tokens))})
+                         "usage": c.usage(n_prompt, details)})
 
 
 async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_prompt: list[int],
-                       think: _Thinking):
+                       think: _Thinking, details: bool = False):
     """SSE with tool-call deltas (after the reasoning deltas, with a reasoning parser); the
     same framing as Serving.stream_events."""
     include_usage, continuous = usage_flags(body.stream_options)
@@ -246,11 +251,13 @@ async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_pro
     streams = [ToolCallStream(plan) for _ in gens]
     reasoning = think.streams(len(gens))
     completion = [0] * len(gens)
+    cached = [0] * len(gens)
     try:
         for i in range(len(gens)):
             yield chunk(i, {"role": "assistant", "content": ""})
         async for i, out in merged_choices(gens):
             completion[i] = out.num_output_tokens
+            cached[i] = max(cached[i], out.num_cached_tokens)
             text = out.text
             if reasoning is not None and text:
                 split = reasoning[i].feed(text, out.token_ids) or {}
@@ -263,7 +270,8 @@ async def _tool_stream(s: Serving, body, plan: ToolPlan, gens, head: dict, n_pro
                 yield chunk(i, {}, _finish(out.finish_reason, streams[i].num_calls > 0),
                             out.stop_reason)
         if include_usage:
-            yield sse({**base, "choices": [], "usage": usage(sum(n_prompt), sum(completion))})
+            yield sse({**base, "choices": [], "usage": usage(
+                sum(n_prompt), sum(completion), cached[0] if details else None)})
     except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
         status, err = error_json(exc)
         logger.warning("stream failed (%d): %s", status, err["error"]["message"])

@@ -35,7 +35,8 @@ def completions_router(s: Serving) -> APIRouter:
         if body.stream:
             job.echoed, job.offset = [False] * len(gens), [0] * len(gens)
             return StreamingResponse(
-                s.stream_events(gens, job.chunk, n_prompt, usage_flags(body.stream_options), []),
+                s.stream_events(gens, job.chunk, n_prompt, usage_flags(body.stream_options), [],
+                                s.prompt_details(request)),
                 media_type="text/event-stream")
         prompt_ids = ([p for p in job.prompts for _ in range(body.n)]
                       if body.return_token_ids else None)

@@ -38,6 +38,7 @@ def responses_router(s: Serving) -> APIRouter:
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         _, endpoint = s.endpoints["chat"]
+        request.state.prompt_tokens_details = True  # input_tokens_details, always (vLLM)
         answer = await endpoint(chat, request)
         head = _head(body, s.model_name)
         if not body.stream:
@@ -72,7 +73,8 @@ def _usage(u: dict | None) -> dict | None:
     if u is None:
         return None
     return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-            "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "total_tokens": u["total_tokens"], "input_tokens_details": {
+                "cached_tokens": u.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
             "output_tokens_details": {"reasoning_tokens": 0}}
 
 

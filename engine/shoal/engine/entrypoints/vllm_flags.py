@@ -117,10 +117,12 @@ FLAGS: tuple[Flag, ...] = tuple(
     + _refused(CHANGES_ANSWER, "--default-chat-template-kwargs", "--response-role=assistant",
                "--exclude-tools-when-tool-choice-none:bool",
                "--tool-server", "--tokens-only:bool", "--enable-force-include-usage:bool",
-               "--enable-prompt-tokens-details:bool", "--logits-processors:values",
+               "--logits-processors:values",
                "--override-generation-config={}", "--logprobs-mode=raw_logprobs",
                "--return-sampling-mask:bool", "--enable-prompt-embeds:bool",
                "--skip-tokenizer-init:bool", "--io-processor-plugin",
+    + _honoured("as vLLM: usage.prompt_tokens_details.cached_tokens, the prompt tokens served "
+                "from the prefix cache", "--enable-prompt-tokens-details:bool")
                "--enable-return-routed-experts:bool", "--aux-output-config",
                "--structured-outputs-config", "--reasoning-config", "--watermark-config",
                "--use-fp64-gumbel:bool")
