@@ -121,11 +121,11 @@ FLAGS: tuple[Flag, ...] = tuple(
                "--override-generation-config={}", "--logprobs-mode=raw_logprobs",
                "--return-sampling-mask:bool", "--enable-prompt-embeds:bool",
                "--skip-tokenizer-init:bool", "--io-processor-plugin",
-    + _honoured("as vLLM: usage.prompt_tokens_details.cached_tokens, the prompt tokens served "
-                "from the prefix cache", "--enable-prompt-tokens-details:bool")
                "--enable-return-routed-experts:bool", "--aux-output-config",
                "--structured-outputs-config", "--reasoning-config", "--watermark-config",
                "--use-fp64-gumbel:bool")
+    + _honoured("as vLLM: usage.prompt_tokens_details.cached_tokens, the prompt tokens served "
+                "from the prefix cache", "--enable-prompt-tokens-details:bool")
     + _honoured("as vLLM: logprob tokens as 'token_id:{id}' (completions and chat; a request's "
                 "return_tokens_as_token_ids wins)", "--return-tokens-as-token-ids:bool")
     + _honoured("as vLLM, for the parsers docs/serving.md lists (others exit 2 naming them)",
