@@ -245,11 +245,18 @@ class Handler(BaseHTTPRequestHandler):
                 return self._resolve(found, body)
             raise HubError(404, f"no route for {url.path}")
         except HubError as err:
-            headers = dict(err.headers)
-            if err.code:
-                headers["X-Error-Code"] = err.code
-            headers["X-Error-Message"] = err.message
-            self._json(err.status, {"error": err.message}, body, headers)
+            self._error(err, body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away mid-body
+        except Exception as exc:  # noqa: BLE001 - answered, not dropped: the client names it
+            self._error(HubError(500, f"stand-in hub: {type(exc).__name__}: {exc}"), body)
+
+    def _error(self, err: HubError, body: bool) -> None:
+        headers = dict(err.headers)
+        if err.code:
+            headers["X-Error-Code"] = err.code
+        headers["X-Error-Message"] = err.message
+        self._json(err.status, {"error": err.message}, body, headers)
 
     def _authorize(self, path: str) -> None:
         if self.hub.token is None:
