@@ -151,7 +151,7 @@ def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
 
 def test_the_production_example_places_its_pods_and_keeps_the_operators_parts():
     """examples/gpu-production.yaml: the GPU pool's label and taint, zone spreading and the
-    pvc:// model reach every engine pod; the operator's own PodDisruptionBudget is rendered
+    hf:// model (its fetch with the token Secret, the shared cache claim) reach every engine pod; the operator's own PodDisruptionBudget is rendered
     (the example has none of its own); and its spec has no problem the operator would report."""
     from shoal.operator.render import render_children
     from shoal.operator.spec import parse
@@ -170,10 +170,11 @@ def test_the_production_example_places_its_pods_and_keeps_the_operators_parts():
         assert pod_spec["tolerations"] == written["tolerations"]
         assert pod_spec["topologySpreadConstraints"] == written["topologySpreadConstraints"]
         assert pod_spec["priorityClassName"] == "inference-high"
-        assert {"name": "model", "persistentVolumeClaim": {"claimName": "llm-weights",
-                                                           "readOnly": True}} \
+        assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}} \
             in pod_spec["volumes"]
+        (fetch,) = pod_spec["initContainers"]
+        assert fetch["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
         (engine,) = pod_spec["containers"]
-        assert engine["args"][:2] == ["serve", "/mnt/models/Qwen2.5-7B-Instruct"]
+        assert engine["args"][:2] == ["serve", "Qwen/Qwen2.5-7B-Instruct"]
     (dep,) = [c for c in children if c["kind"] == "Deployment"]
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"node-pool": "cpu"}
