@@ -49,6 +49,8 @@ def test_fetch_fills_a_valid_cache_once(hub_root, tmp_path, cdn) -> None:
 
         again = run_fetch(URI, cache, hub.url, tmp_path)
         assert again.rc == 0 and "cached" in again.out, again.out + again.err
+        pinned = run_fetch(f"{URI}@{rev.commit_hash}", cache, hub.url, tmp_path)
+        assert pinned.rc == 0 and "cached" in pinned.out, pinned.out + pinned.err
         assert hub.downloads() == {f"{REPO_ID}/{name}": 1 for name in files}
     finally:
         hub.kill()
@@ -68,6 +70,10 @@ def test_concurrent_fetches_into_one_cache_download_each_file_once(hub_root, tmp
         assert sum("done in" in o for o in outs) == 1, outs
         assert sum("cached" in o for o in outs) == 3, outs
         assert any("waiting for another fetch" in o for o in outs), outs
+        # the fetches that waited trusted the first one's check: model_info + the tree listing,
+        # once, plus one model_info for each fetch that found the lock free after the first
+        waited = sum("waiting for another fetch" in o for o in outs)
+        assert hub.stats()["api_calls"] == {REPO_ID: 2 + (3 - waited)}
         # progress while the slow download ran: lines below the total, then the total
         [downloader] = [o for o in outs if "done in" in o]
         lines = [parse_progress(line) for line in downloader.splitlines()]

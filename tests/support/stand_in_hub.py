@@ -19,8 +19,9 @@ utils/_http.py hf_raise_for_status), with the headers the client reads:
   GET  /api/agent-harnesses                                 the client's agent registry (its
        user-agent telemetry, fetched once a day): an empty one
   GET  /_stats                                               {"downloads": {"ORG/NAME/PATH": n},
-       "requests": n}: a GET that sends a file's body counts one download (a ranged resume is
-       another), HEADs and API calls count only as requests
+       "requests": n, "api_calls": {"ORG/NAME": n}}: a GET that sends a file's body counts one
+       download (a ranged resume is another); every request counts in requests, and each
+       /api/models/ORG/NAME... call (model_info, tree) in api_calls
 
 Repositories are the directories DIR/ORG/NAME/ (plain files of a model directory, read when first
 asked for; names starting with "." are not part of it). Revision "main" and the commit sha are
@@ -176,6 +177,7 @@ class Hub:
         self.lock = threading.Lock()
         self.repos: dict[str, Repo] = {}
         self.downloads: dict[str, int] = {}
+        self.api_calls: dict[str, int] = {}
         self.requests = 0
 
     def repo(self, repo_id: str) -> Repo | None:
@@ -187,16 +189,18 @@ class Hub:
                 self.repos[repo_id] = found
             return self.repos[repo_id]
 
-    def count(self, key: str | None = None) -> None:
+    def count(self, key: str | None = None, table: str = "downloads") -> None:
         with self.lock:
             if key is None:
                 self.requests += 1
             else:
-                self.downloads[key] = self.downloads.get(key, 0) + 1
+                counts = getattr(self, table)
+                counts[key] = counts.get(key, 0) + 1
 
     def stats(self) -> dict:
         with self.lock:
-            return {"downloads": dict(self.downloads), "requests": self.requests}
+            return {"downloads": dict(self.downloads), "requests": self.requests,
+                    "api_calls": dict(self.api_calls)}
 
 
 class HubError(Exception):
@@ -240,6 +244,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._cdn(found, body)
             self._authorize(url.path)
             if found := _API.match(url.path):
+                self.hub.count(unquote(found[1]), "api_calls")
                 return self._api(found, query, body)
             if found := _RESOLVE.match(url.path):
                 return self._resolve(found, body)
