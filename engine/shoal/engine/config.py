@@ -93,6 +93,7 @@ class EngineConfig:
     """All knobs of one engine. Construct it with keyword arguments; it validates itself."""
 
     model: str
+    tokenizer: str | None = None  # a local directory; None = the model's own
     dtype: str = "auto"  # auto = the model's own, float32 checkpoints in bf16 where native (vLLM's)
     device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
     max_model_len: int | None = None  # None = the model's max_position_embeddings
@@ -189,6 +190,11 @@ class EngineConfig:
         if not 0 < self.master_port < 65535:
             _fail(f"master_port must be in 1..65534 (the control link uses master_port + 1), "
                   f"got {self.master_port}.")
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Where the tokenizer (and chat template) is read: --tokenizer, else the model."""
+        return self.tokenizer or self.model
 
     @property
     def world_size(self) -> int:

@@ -63,7 +63,8 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.model_executor.initialize_kv_cache(self.num_blocks)
         self.vocab_size = self.model_executor.get_vocab_size()
-        self.structured_output_manager = StructuredOutputManager(config.model, self.vocab_size)
+        self.structured_output_manager = StructuredOutputManager(config.tokenizer_path,
+                                                                 self.vocab_size)
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks,
             block_size=self.block_size,

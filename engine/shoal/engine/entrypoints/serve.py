@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_vllm_flags(args) or _check_parallelism(args)
     if problem:
         return _config_error(problem)
+    rc = _resolve_model(args)
+    if rc:
+        return rc
     _choose_device(args)
     config = _engine_config(args)
     if isinstance(config, int):
@@ -151,6 +154,34 @@ def _sampling_defaults(args):
     return defaults
 
 
+def _resolve_model(args) -> int:
+    """The model (and --tokenizer) as local directories: a hub id resolved from the Hugging
+    Face cache or the hub (model_files.py), each in one line; served as the id given. 0, or the
+    exit code of a model that is not there (termination message naming id, revision, cache)."""
+    from shoal.contract.termination import write_termination_message
+    from shoal.engine.model_files import DEFAULT_IGNORE, ResolveError, resolve
+
+    hub = dict(download_dir=args.download_dir, token=args.hf_token,
+               ignore_patterns=tuple(args.ignore_patterns or DEFAULT_IGNORE))
+    try:
+        model = resolve(args.model, revision=args.revision, **hub)
+        tokenizer = None if args.tokenizer is None else resolve(
+            args.tokenizer, revision=args.tokenizer_revision or args.revision, what="tokenizer",
+            **hub)
+    except ResolveError as exc:
+        logger.error("%s", exc)
+        print(f"shoal serve: error: {exc}", file=sys.stderr)
+        write_termination_message(exc.cause, str(exc), exit_code=exc.exit_code)
+        return exc.exit_code
+    for found in (model, tokenizer):
+        if found is not None:
+            logger.info("%s", found.how)
+    args.served_model_name = args.served_model_name or [args.model]
+    args.model = model.path
+    args.tokenizer = None if tokenizer is None else tokenizer.path
+    return 0
+
+
 def _choose_device(args) -> None:
     """--device auto made concrete before the batch defaults, which depend on it (one line)."""
     from shoal.engine.device import choose_device, probe_cuda
@@ -180,7 +211,7 @@ def _engine_config(args):
                                            args.performance_mode)
     try:
         config = EngineConfig(
-            model=args.model, dtype=args.dtype, device=args.device,
+            model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
             max_model_len=args.max_model_len,
             max_num_seqs=seats if args.max_num_seqs is None else args.max_num_seqs,
             max_num_batched_tokens=(tokens if args.max_num_batched_tokens is None

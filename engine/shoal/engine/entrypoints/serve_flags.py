@@ -96,14 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "/version, /tokenize, /detokenize). Flag names follow `vllm serve`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", nargs="?", default=None,
-                   help="local model directory (config.json, safetensors, tokenizer); "
-                        "`shoal make-model DIR` writes one; or --model DIR")
+                   help="local model directory (config.json, safetensors, tokenizer; `shoal "
+                        "make-model DIR` writes one), else a Hugging Face hub id ORG/NAME "
+                        "(from the cache, or downloaded); or --model")
     p.add_argument("--model", dest="model_flag", default=None,
-                   help="the model directory, as the positional (which wins if both are given)")
+                   help="the model, as the positional (which wins if both are given)")
     _http_flags(p.add_argument_group("HTTP"))
     eng = p.add_argument_group("engine")
     _batch_flags(eng)
     _model_flags(eng)
+    _hub_flags(p.add_argument_group("Hugging Face hub ids (docs/serving.md, \"Models from the "
+                                    "hub\")"))
     _kv_flags(eng)
     _parallel_flags(p.add_argument_group(
         "parallelism (docs/serving.md, \"More than one rank\")"))
@@ -175,6 +178,24 @@ def _model_flags(eng) -> None:
     eng.add_argument("--max-logprobs", type=int, default=20,
                      help="most logprobs (alternatives per token) a request's logprobs, "
                           "top_logprobs or prompt_logprobs may ask for")
+
+
+def _hub_flags(hub) -> None:
+    hub.add_argument("--revision", default=None,
+                     help="branch, tag or commit of a hub id (default main)")
+    hub.add_argument("--download-dir", default=None,
+                     help="the Hugging Face cache a hub id is resolved in and downloaded to "
+                          "(default: HF_HUB_CACHE, else HF_HOME/hub)")
+    hub.add_argument("--hf-token", nargs="?", const=True, default=None,
+                     help="hub token for downloads (default: HF_TOKEN, else the stored login; "
+                          "alone: the stored login)")
+    hub.add_argument("--tokenizer", default=None,
+                     help="tokenizer (and chat template) from this directory or hub id instead "
+                          "of the model's")
+    hub.add_argument("--tokenizer-revision", default=None,
+                     help="revision of a hub --tokenizer (default: --revision)")
+    hub.add_argument("--ignore-patterns", nargs="+", default=None,
+                     help="files of a hub id not to download (default: original/**/*)")
 
 
 def _kv_flags(eng) -> None:

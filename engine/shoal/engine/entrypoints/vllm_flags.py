@@ -67,7 +67,6 @@ MOE = "expert (MoE) layers: shoal serves dense models, which have none"
 LOGGING = "logging or tracing of vLLM's; shoal logs its own start-up, errors and stats"
 METRICS = "an optional vLLM metric; shoal's /metrics is docs/serving.md's set"
 SCHED_TUNING = "a scheduling knob shoal's scheduler does not have; it cannot change an answer"
-LOCAL_MODEL = "the model is a local directory: nothing is downloaded"
 SLEEP = "sleep mode (/sleep, /wake_up) is not served; the flag only enables those endpoints"
 NO_ENDPOINT = "enables an endpoint or service shoal does not serve (those paths answer 404)"
 DP = ("data parallelism: the operator runs replicas as separate pods; one `shoal serve` is "
@@ -81,8 +80,6 @@ CP = "context parallelism is not implemented; shoal splits a model with --tensor
 OFFLOAD = "weight and KV offloading are not implemented"
 KV_TRANSFER = "KV transfer and events (disaggregated prefill, LMCache) are not implemented"
 CHANGES_ANSWER = "changes what the model computes or returns, and is not implemented"
-REVISION = ("the model is a local directory at one revision; another revision would be other "
-            "weights")
 OTHER_API = "another API server mode of vLLM's (gRPC, several API processes) is not implemented"
 
 FLAGS: tuple[Flag, ...] = tuple(
@@ -168,9 +165,15 @@ FLAGS: tuple[Flag, ...] = tuple(
                 "shoal runs its own model classes only", "--trust-remote-code:bool")
     + _refused(QUANT, "--quantization|-q", "--quantization-config",
                "--allow-deprecated-quantization:bool")
-    + _refused("another tokenizer than the model's own is not implemented", "--tokenizer",
+    + _refused("another tokenizer mode or config path than the model's own is not implemented",
                "--tokenizer-mode=auto,hf", "--hf-config-path")
-    + _refused(REVISION, "--revision", "--code-revision", "--tokenizer-revision")
+    + _honoured("as vLLM: a local directory, else a hub id resolved as the model is (the chat "
+                "template comes with it); --tokenizer-revision defaults to --revision",
+                "--tokenizer", "--tokenizer-revision")
+    + _honoured("as vLLM: a hub id's branch, tag or commit (default main), from the cache or "
+                "downloaded; a local directory is taken as it is", "--revision")
+    + _no_effect("remote code is never run (a model that names it is refused, see "
+                 "--trust-remote-code), so its revision applies to nothing", "--code-revision")
     + _refused("another model class or runner than the text generator is not implemented",
                "--runner=auto,generate", "--convert=auto,none", "--model-impl=auto",
                "--hf-overrides={}", "--model-class-overrides={}", "--pooler-config",
@@ -180,7 +183,14 @@ FLAGS: tuple[Flag, ...] = tuple(
     + _refused("weights are loaded from the model directory's safetensors only",
                "--load-format=auto,safetensors", "--model-loader-extra-config={}",
                "--pt-load-map-location=cpu", "--safetensors-load-strategy")
-    + _no_effect(LOCAL_MODEL, "--hf-token", "--download-dir", "--ignore-patterns:values",
+    + _honoured("as vLLM: a hub id is resolved in this Hugging Face cache (snapshot_download's "
+                "cache_dir; default HF_HUB_CACHE, HF_HOME/hub); a local directory needs none",
+                "--download-dir")
+    + _honoured("as vLLM: the hub token for a download (default HF_TOKEN, the stored login)",
+                "--hf-token")
+    + _honoured("as vLLM: files of a hub id not downloaded (default original/**/*)",
+                "--ignore-patterns:values")
+    + _no_effect("a progress bar of vLLM's; shoal logs one line when the weights are loaded",
                  "--use-tqdm-on-load:bool")
     + _no_effect("weights are loaded the one way shoal loads them (same weights)",
                  "--safetensors-prefetch-num-threads", "--safetensors-prefetch-block-size",

@@ -67,7 +67,7 @@ class AsyncLLM:
 
         def load() -> None:
             try:
-                tok["tokenizer"] = _load_tokenizer(config.model)
+                tok["tokenizer"] = _load_tokenizer(config.tokenizer_path)
             except Exception as exc:  # noqa: BLE001 - re-raised below
                 tok["error"] = exc
 
