@@ -51,3 +51,21 @@ def test_other_repositories_do_not_wait(tmp_path) -> None:
     with repo_lock(tmp_path, REF):
         with repo_lock(tmp_path, HubRef("acme/other")) as held:
             assert not held.waited
+
+
+def test_a_waiting_fetch_reports_while_it_waits(tmp_path) -> None:
+    first_in, reports = threading.Event(), []
+
+    def first() -> None:
+        with repo_lock(tmp_path, REF):
+            first_in.set()
+            time.sleep(1.0)
+
+    t = threading.Thread(target=first)
+    t.start()
+    first_in.wait(5)
+    with repo_lock(tmp_path, REF, while_waiting=lambda: reports.append(time.monotonic()),
+                   interval_s=0.25, poll_s=0.05) as held:
+        assert held.waited
+    t.join(5)
+    assert 2 <= len(reports) < 10, reports  # paced by interval_s, not by every poll

@@ -57,8 +57,8 @@ def test_fetch_fills_a_valid_cache_once(hub_root, tmp_path, cdn) -> None:
 
 
 def test_concurrent_fetches_into_one_cache_download_each_file_once(hub_root, tmp_path) -> None:
-    # Slowed to ~3 s a download, so the others start while the first holds the lock.
-    hub = Hub(hub_root, tmp_path / "hub.log", "--throttle", "10000000")
+    # Slowed to ~6 s a download, so the others start while the first holds the lock.
+    hub = Hub(hub_root, tmp_path / "hub.log", "--throttle", "5000000")
     try:
         cache = tmp_path / "cache"
         envs = [fetch_env(hub.url, tmp_path) for _ in range(4)]
@@ -80,6 +80,9 @@ def test_concurrent_fetches_into_one_cache_download_each_file_once(hub_root, tmp
         lines = [p for p in lines if p is not None]
         assert lines[-1].done_gib == lines[-1].total_gib
         assert any(p.done_gib < p.total_gib for p in lines), downloader
+        # and the ones waiting showed the same download meanwhile (each pod's status has it)
+        waiter_lines = [parse_progress(o) for o in outs if "waiting for another fetch" in o]
+        assert any(p is not None and p.total_gib == lines[-1].total_gib for p in waiter_lines)
     finally:
         hub.kill()
 

@@ -1,7 +1,8 @@
 """One fetch: learn the files from the hub, download what the cache lacks, verify, record.
 
 Under the repository's lock (lock.py):
-1. A fetch that waited for another trusts the record that one wrote while it waited (the same
+1. A fetch that waits for another prints the holder's progress meanwhile (every waiting pod's
+   status shows the download), then trusts the record that one wrote while it waited (the same
    commit, the same files by stat) and answers "cached" without calling the hub: N ranks of M
    groups sharing a cache make one set of hub calls, not N x M.
 2. Otherwise `model_info(files_metadata=True)` gives the commit and every engine file's size and
@@ -18,6 +19,7 @@ ORG/NAME --download-dir DIR`, vLLM) resolves the revision only to a verified sna
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -25,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.contract.model_fetch import ENGINE_FILES, HubRef
+from shoal.contract.model_fetch import ENGINE_FILES, HubRef, progress_line
 from shoal.fetch import verify
 from shoal.fetch.errors import HashMismatch, NoEngineFiles, is_transient
-from shoal.fetch.lock import repo_lock
+from shoal.fetch.lock import lock_path, repo_lock
 from shoal.fetch.progress import Reporter, bytes_present
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -68,6 +70,29 @@ def read_ref(cache_dir: str | os.PathLike, ref: HubRef) -> str | None:
     return text.strip() if _COMMIT.fullmatch(text.strip()) else None
 
 
+def inflight_path(cache_dir, ref: HubRef) -> Path:
+    """What the fetch holding the lock is downloading (for the ones waiting: their progress)."""
+    return lock_path(cache_dir, ref).with_name("shoal-fetch.inflight.json")
+
+
+def _write_inflight(path: Path, commit: str, expected) -> None:
+    files = [[e.name, e.size, e.blob_id, e.sha256] for e in expected]
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"commit": commit, "files": files}))
+    os.replace(tmp, path)
+
+
+def _holder_progress(cache_dir, ref: HubRef) -> str | None:
+    """The progress line of the fetch this one waits for, or None (it has not started)."""
+    try:
+        data = json.loads(inflight_path(cache_dir, ref).read_text())
+        expected = tuple(verify.Expected(*entry) for entry in data["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    blobs = verify.storage_folder(cache_dir, ref.repo_id) / "blobs"
+    return progress_line(ref, bytes_present(blobs, expected), sum(e.size for e in expected))
+
+
 def _gib(n: int) -> str:
     return f"{n / _GIB:.2f} GiB"
 
@@ -99,8 +124,13 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with repo_lock(cache_dir, ref, on_wait=lambda p: say(f"waiting for another fetch ({p})")) \
-            as held:
+    def report_holder() -> None:
+        line = _holder_progress(cache_dir, ref)
+        if line is not None:
+            emit(line)
+
+    with repo_lock(cache_dir, ref, on_wait=lambda p: say(f"waiting for another fetch ({p})"),
+                   while_waiting=report_holder) as held:
         if held.waited:
             done = _verified(cache_dir, ref, since=held.wait_began)
             if done is not None:
@@ -138,10 +168,15 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
         before = bytes_present(blobs, expected)
         say(f"start (commit {commit[:12]}, {len(expected)} files, {_gib(total)}, "
             f"{_gib(total - before)} to download)")
-        with Reporter(ref, blobs, expected, emit):
-            snapshot_download(ref.repo_id, revision=commit, cache_dir=str(cache_dir),
-                              allow_patterns=list(ENGINE_FILES), token=token,
-                              max_workers=max_workers)
+        inflight = inflight_path(cache_dir, ref)
+        _write_inflight(inflight, commit, expected)
+        try:
+            with Reporter(ref, blobs, expected, emit):
+                snapshot_download(ref.repo_id, revision=commit, cache_dir=str(cache_dir),
+                                  allow_patterns=list(ENGINE_FILES), token=token,
+                                  max_workers=max_workers)
+        finally:
+            inflight.unlink(missing_ok=True)
         bad = verify.check(snapshot, expected)
         for problem in bad:
             verify.remove_bad(problem)

@@ -40,22 +40,35 @@ class Held:
         return self.waited_s > 0.0
 
 
+def _try(f) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 @contextlib.contextmanager
-def repo_lock(cache_dir: str | os.PathLike, ref: HubRef, on_wait=None) -> Iterator[Held]:
-    """Hold the repository's lock for the block; `on_wait(path)` is called once if another
-    process holds it (before blocking)."""
+def repo_lock(cache_dir: str | os.PathLike, ref: HubRef, on_wait=None, while_waiting=None,
+              interval_s: float = 2.0, poll_s: float = 0.2) -> Iterator[Held]:
+    """Hold the repository's lock for the block. If another process holds it, `on_wait(path)`
+    is called once, then `while_waiting()` every `interval_s` until the lock is free (a waiting
+    pod reports the holder's progress)."""
     path = lock_path(cache_dir, ref)
     path.parent.mkdir(parents=True, exist_ok=True)
     began = time.time()
     with open(path, "a+") as f:
         waited = 0.0
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try(f):
             if on_wait is not None:
                 on_wait(path)
             t0 = time.monotonic()
-            fcntl.flock(f, fcntl.LOCK_EX)
+            next_report = t0 + interval_s
+            while not _try(f):
+                time.sleep(poll_s)
+                if while_waiting is not None and time.monotonic() >= next_report:
+                    while_waiting()
+                    next_report += interval_s
             waited = max(time.monotonic() - t0, 1e-6)
         try:
             yield Held(path, waited, began)
