@@ -23,6 +23,9 @@ utils/_http.py hf_raise_for_status), with the headers the client reads:
        download (a ranged resume is another); every request counts in requests, and each
        /api/models/ORG/NAME... call (model_info, tree) in api_calls
 
+What it leaves out: Xet storage (no X-Xet-Hash header, so the client downloads over plain HTTP,
+as it does for any hub file without one), pagination (one page), and everything but models.
+
 Repositories are the directories DIR/ORG/NAME/ (plain files of a model directory, read when first
 asked for; names starting with "." are not part of it). Revision "main" and the commit sha are
 the same snapshot; the sha is a stable fake, the sha1 of the files' names and sha256s. LFS files
