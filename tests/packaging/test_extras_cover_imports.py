@@ -73,6 +73,7 @@ def _third_party_imports(root: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("extra,root", [("engine", "engine/shoal/engine"),
                                         ("router", "router/shoal/router"),
+                                        ("router", "fetch/shoal/fetch"),
                                         ("operator", "operator/shoal/operator"),
                                         (None, "contract/shoal/contract"),
                                         (None, "cli/shoal/cli")])
