@@ -39,6 +39,9 @@ COMMAND_LINES = [
                                      "qwen3_coder"], SERVES),
     # The project's model has no <think> tokens: refused at start-up, as vLLM refuses it.
     ("a Qwen3 deployment's reasoning", ["--reasoning-parser", "qwen3"], "--reasoning-parser"),
+    # vLLM's Llama 3.1 tool-calling example; the project's model has no <|python_tag|>.
+    ("a Llama 3.1 deployment's tools", ["--enable-auto-tool-choice", "--tool-call-parser",
+                                         "llama3_json"], "--tool-call-parser"),
     ("llm-d decode pod (NIXL KV transfer)",
      ["--port", "8200", "--enforce-eager", "--block-size", "64", "--kv-transfer-config",
       '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'], "--kv-transfer-config"),

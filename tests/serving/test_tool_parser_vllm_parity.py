@@ -1,5 +1,6 @@
-"""hermes, pythonic and qwen3_coder under tool_choice "auto" stream as vLLM 0.32 streams them:
-the same deltas through vLLM's own Hermes2ProToolParser / PythonicToolParser / Qwen3Parser (in
+"""hermes, pythonic, llama3_json and qwen3_coder under tool_choice "auto" stream as vLLM 0.32
+streams them: the same deltas through vLLM's own Hermes2ProToolParser / PythonicToolParser /
+Llama3JsonToolParser / Qwen3Parser (in
 the cached vLLM venv,
 support.vllm_cli) and through ToolCallStream give the same content pieces, names and argument
 fragments; hermes arguments stream as they arrive, not only when the block closes; pythonic
@@ -18,6 +19,8 @@ from support.vllm_cli import ensure_vllm_cli
 from tool_stream_cases import (
     CALL,
     CASES,
+    LLAMA3,
+    LLAMA3_WHOLE,
     PYTHONIC,
     PYTHONIC_WHOLE,
     QWEN3_CODER,
@@ -58,6 +61,50 @@ def test_pythonic_streams_as_vllms_parser(vllm):
 def test_pythonic_reads_whole_outputs_as_vllms_parser(vllm):
     plan = ToolPlan("auto", [], parser="pythonic")
     for text, (content, calls) in zip(PYTHONIC_WHOLE, vllm["pythonic_whole"], strict=True):
+        ours_content, ours_calls = calls_in(plan, text)
+        assert [ours_content, [[c.name, c.arguments] for c in ours_calls]] == \
+            [content, calls], text
+
+
+def _completed(streamed: list, whole: list) -> list:
+    """vLLM's streamed events plus what Shoal sends at the end that vLLM's stream left out of
+    its own whole answer (a call's name or arguments; output that is neither content nor a
+    call)."""
+    content, names, args = json.loads(json.dumps(streamed))
+    whole_content, calls = whole
+    if not calls and not names and whole_content[len("".join(content)):]:
+        content.append(whole_content[len("".join(content)):])
+    for i, (name, arguments) in enumerate(calls):
+        names.setdefault(str(i), name)
+        sent = "".join(args.get(str(i), []))
+        if arguments.startswith(sent) and arguments != sent:
+            args.setdefault(str(i), []).append(arguments[len(sent):])
+    return [content, names, args]
+
+
+def test_llama3_json_streams_as_vllms_parser(vllm):
+    """Delta for delta as vLLM's parser (with its finalize step), then what its stream would
+    have dropped (cases 3, 6 and 8: vLLM streams no arguments for `{}`, none of a call that
+    arrives whole in one delta, and skips a name when one delta starts two calls)."""
+    completed = 0
+    for case, theirs, whole in zip(LLAMA3, vllm["llama3"], vllm["llama3_joined"], strict=True):
+        want = _completed(theirs, whole)
+        completed += want != theirs
+        assert _ours(case, "llama3_json") == want, case
+    assert completed == 3  # the others are vLLM's deltas exactly
+
+
+def test_llama3_json_stream_carries_a_call_that_arrives_in_one_delta():
+    stream = ToolCallStream(ToolPlan("auto", [], parser="llama3_json"))
+    deltas = stream.feed(LLAMA3[5][0], final=True)
+    assert events(deltas) == [[], {"0": "weather"}, {"0": [
+        '{"city": "Oslo", "days": 3, "tags": ["a", "b"]}']}]
+    assert stream.num_calls == 1
+
+
+def test_llama3_json_reads_whole_outputs_as_vllms_parser(vllm):
+    plan = ToolPlan("auto", [], parser="llama3_json")
+    for text, (content, calls) in zip(LLAMA3_WHOLE, vllm["llama3_whole"], strict=True):
         ours_content, ours_calls = calls_in(plan, text)
         assert [ours_content, [[c.name, c.arguments] for c in ours_calls]] == \
             [content, calls], text

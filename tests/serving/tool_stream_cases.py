@@ -48,6 +48,27 @@ QWEN3_CODER = [
     ["no calls", " here"],
 ]
 
+# llama3_json: JSON calls, "; "-separated, after <|python_tag|> or not (vLLM's side needs a
+# tokenizer with that token only: its parser checks the vocabulary).
+BOT = "<|python_tag|>"
+J1 = '{"name": "weather", "parameters": {"city": "Oslo", "days": 3, "tags": ["a", "b"]}}'
+J2 = '{"name": "ping", "arguments": {}}'
+J3 = '{"name": "find", "parameters": {"q": "a \\"b\\" \u00e9", "n": -2.5, "x": null}}'
+LLAMA3 = [
+    [J1[i:i + 3] for i in range(0, len(J1), 3)],
+    [BOT, *list(J1 + "; " + J3)],  # <|python_tag|> is one token
+    [(J1 + "; " + J2)[i:i + 5] for i in range(0, len(J1 + "; " + J2), 5)],
+    [(J3 + "; " + J1)[i:i + 7] for i in range(0, len(J3 + "; " + J1), 7)],
+    ["Sure: ", "no calls", " {here}"],
+    [J1],
+    [BOT, J1[:20], J1[20:]],
+    [J1[:30], J1[30:] + "; " + J2[:10], J2[10:]],
+]
+LLAMA3_WHOLE = [J1, BOT + J1, J1 + "; " + J2, BOT + J3 + "; " + J1, "text " + J1 + " more",
+                "{not json", '{"name": "f"}', "plain text", '{"name": 1, "parameters": {}}',
+                '{"name": "a", "parameters": {}}{"name": "b", "parameters": {}}',
+                '{"a": {"name": "x", "parameters": {}}}', J1 + "\n", "[" + J1 + "]"]
+
 
 def events(deltas: list[dict]) -> list:
     """[content pieces, {index: name}, {index: [argument fragments]}] of chat deltas."""
@@ -74,16 +95,42 @@ def _vllm() -> dict:
         whole.append([got.content, [[c.function.name, c.function.arguments]
                                     for c in got.tool_calls]])
     return {"hermes": _streamed(Hermes2ProToolParser, CASES),
-            "pythonic": _streamed(PythonicToolParser, PYTHONIC), "pythonic_whole": whole}
+            "pythonic": _streamed(PythonicToolParser, PYTHONIC), "pythonic_whole": whole,
+            **_vllm_llama3()}
 
 
-def _streamed(parser_class, cases) -> list:
+class _BotVocab:
+    """What Llama3JsonToolParser reads of a tokenizer: that <|python_tag|> is in it."""
+
+    def get_vocab(self) -> dict:
+        return {BOT: 128010}
+
+
+def _vllm_llama3() -> dict:
+    from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+
+    def whole(text: str) -> list:
+        got = Llama3JsonToolParser(_BotVocab()).extract_tool_calls(text, None)
+        return [got.content, [[c.function.name, c.function.arguments] for c in got.tool_calls]]
+
+    return {"llama3": _streamed(Llama3JsonToolParser, LLAMA3, _BotVocab(), finalize=True),
+            "llama3_joined": [whole("".join(case)) for case in LLAMA3],
+            "llama3_whole": [whole(text) for text in LLAMA3_WHOLE]}
+
+
+def _streamed(parser_class, cases, tokenizer=None, finalize: bool = False) -> list:
+    """The parser's deltas; `finalize`: the last one gets what vLLM's parse_delta adds when the
+    output finishes (DelegatingParser._append_unstreamed_tool_args)."""
     out = []
     for case in cases:
-        parser, prev, deltas = parser_class(object()), "", []
-        for piece in case:
+        parser, prev, deltas = parser_class(tokenizer or object()), "", []
+        for n, piece in enumerate(case):
             d = parser.extract_tool_calls_streaming(prev, prev + piece, piece, [], [], [], None)
             prev += piece
+            if finalize and n == len(case) - 1 and d is not None and d.tool_calls \
+                    and d.tool_calls[-1].function:
+                fn = d.tool_calls[-1].function
+                fn.arguments = (fn.arguments or "") + parser.get_remaining_unstreamed_args()
             if d is not None:
                 deltas.append(d.model_dump(exclude_none=True))
         out.append(events(deltas))

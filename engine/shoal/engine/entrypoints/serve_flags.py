@@ -245,11 +245,14 @@ def _tool_flags(tools) -> None:
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='allow tool_choice "auto" (the default with tools): the model calls '
                             "tools in its own words, read by --tool-call-parser")
-    tools.add_argument("--tool-call-parser", choices=["hermes", "pythonic", "qwen3_coder"],
+    tools.add_argument("--tool-call-parser",
+                       choices=["hermes", "llama3_json", "pythonic", "qwen3_coder"],
                        default=None,
                        help="how tool calls are found in free text under tool_choice \"auto\": "
                             "hermes = <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
-                            "; pythonic = [f(a=1), g()]; qwen3_coder = <tool_call><function=f>"
+                            "; llama3_json = {\"name\": ..., \"parameters\": ...}; ... (Llama "
+                            "3.1+, after <|python_tag|> or not); pythonic = [f(a=1), g()]; "
+                            "qwen3_coder = <tool_call><function=f>"
                             "<parameter=a>1</parameter></function></tool_call>")
     tools.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,
                        help="split the model's thinking from its answer: deepseek_r1 or qwen3 "

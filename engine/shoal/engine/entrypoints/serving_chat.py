@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from shoal.engine.entrypoints import logprobs_format, structured_request
+from shoal.engine.entrypoints import llama3_json_tool_calls, logprobs_format, structured_request
 from shoal.engine.entrypoints.http_errors import GENERATION_ERRORS, error_json, error_responses
 from shoal.engine.entrypoints.protocol import ChatCompletionRequest, usage_flags
 from shoal.engine.entrypoints.reasoning import ReasoningParser, ReasoningStream
@@ -51,6 +51,8 @@ def _finish(reason: str | None, has_calls: bool) -> str | None:
 def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRouter:
     router = APIRouter()
     settings = tool_settings or ToolSettings()
+    if settings.tool_call_parser == "llama3_json":
+        llama3_json_tool_calls.check_tokenizer(s.llm.tokenizer)
     reasoner = (ReasoningParser.load(settings.reasoning_parser, s.llm.tokenizer)
                 if settings.reasoning_parser else None)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from shoal.engine.errors import InvalidRequestError
 from shoal.engine.wire import StructuredOutputs
 
-TOOL_CALL_PARSERS = ("hermes", "pythonic", "qwen3_coder")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic", "qwen3_coder")
 
 
 @dataclass(frozen=True)

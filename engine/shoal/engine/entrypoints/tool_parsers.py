@@ -22,6 +22,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from shoal.engine.entrypoints.llama3_json_tool_calls import Llama3JsonStream, parse_whole
 from shoal.engine.entrypoints.pythonic_tool_calls import parse_pythonic
 from shoal.engine.entrypoints.qwen3_coder_tool_calls import parse_qwen3_coder
 from shoal.engine.entrypoints.tool_calls import ToolPlan, new_call_id
@@ -195,6 +196,10 @@ def calls_in(plan: ToolPlan, text: str, final: bool = True,
         content, found = parse_qwen3_coder(text, plan.tools, final, streaming)
         calls = [ParsedCall(*call) for call in found]
         return content, calls if plan.parallel else calls[:1]
+    if plan.mode == "auto" and plan.parser == "llama3_json":  # streamed: Llama3JsonStream
+        content, found = parse_whole(text)
+        calls = [ParsedCall(name, args) for name, args in found]
+        return content, calls if plan.parallel else calls[:1]
     if plan.mode == "auto" and plan.parser == "pythonic":
         content, found = parse_pythonic(text, final, streaming)
         if found is None:  # streaming, nothing new can be read yet
@@ -223,9 +228,69 @@ class ToolCallStream:
     text: str = ""
     content_sent: int = 0
     args_sent: list[int] = field(default_factory=list)
+    llama3: Llama3JsonStream | None = None  # llama3_json streams through vLLM's state machine
+    names_sent: set[int] = field(default_factory=set)  # llama3_json: calls whose name went out
+    args_text: dict[int, str] = field(default_factory=dict)  # llama3_json: arguments sent
+
+    def __post_init__(self) -> None:
+        if self.plan.mode == "auto" and self.plan.parser == "llama3_json":
+            self.llama3 = Llama3JsonStream()
+
+    def _feed_llama3(self, delta: str, final: bool) -> list[dict]:
+        out = [d for d in self.llama3.feed(self.text, delta, final) if self._keep(d)]
+        if final:
+            out += self._llama3_owed()
+        return out
+
+    def _keep(self, d: dict) -> bool:
+        """Track a llama3_json delta (names and arguments sent per call); False for calls past
+        the first when parallel_tool_calls is false."""
+        calls = d.get("tool_calls") or []
+        if not calls:
+            self.content_sent += len(d.get("content") or "")
+            return True
+        call = calls[0]
+        if call["index"] > 0 and not self.plan.parallel:
+            return False
+        if d.pop("new_call", False):
+            call["id"] = new_call_id()
+            self.names_sent.add(call["index"])
+        self.args_text.setdefault(call["index"], "")
+        self.args_text[call["index"]] += call["function"].get("arguments", "")
+        self.args_sent = [len(self.args_text.get(i, "")) for i in sorted(self.names_sent)]
+        return True
+
+    def _llama3_owed(self) -> list[dict]:
+        """What vLLM's stream would leave out of the whole answer (a call whose name or
+        arguments it skipped, output that is neither content nor calls), sent at the end, so
+        the streamed answer is the whole answer's (docs/serving.md, a difference from vLLM)."""
+        content, calls = calls_in(self.plan, self.text)
+        if not calls:
+            rest = (content or "")[self.content_sent:]
+            return [{"content": rest}] if rest and not self.names_sent else []
+        out = []
+        for index, call in enumerate(calls):
+            if index not in self.names_sent:
+                out.append({"tool_calls": [{"index": index, "id": new_call_id(),
+                                            "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+                self.names_sent.add(index)
+            sent = self.args_text.get(index, "")
+            if call.arguments.startswith(sent) and len(call.arguments) > len(sent):
+                out.append({"tool_calls": [{"index": index, "function": {
+                    "arguments": call.arguments[len(sent):]}}]})
+                self.args_text[index] = call.arguments
+            elif not call.arguments.startswith(sent):
+                log.warning("llama3_json tool parser: call %d streamed arguments %r that are not "
+                            "a prefix of the whole answer's %r", index, sent[:80],
+                            call.arguments[:80])
+        self.args_sent = [len(self.args_text.get(i, "")) for i in sorted(self.names_sent)]
+        return out
 
     def feed(self, delta: str, final: bool = False) -> list[dict]:
         self.text += delta
+        if self.llama3 is not None:
+            return self._feed_llama3(delta, final)
         content, calls = calls_in(self.plan, self.text, final, streaming=True)
         out: list[dict] = []
         if calls is None:  # nothing can be read out yet

@@ -126,7 +126,9 @@ FLAGS: tuple[Flag, ...] = tuple(
     + _honoured("as vLLM: logprob tokens as 'token_id:{id}' (completions and chat; a request's "
                 "return_tokens_as_token_ids wins)", "--return-tokens-as-token-ids:bool")
     + _honoured("as vLLM, for the parsers docs/serving.md lists (others exit 2 naming them)",
-                "--enable-auto-tool-choice:bool", "--tool-call-parser")
+                "--enable-auto-tool-choice:bool")
+    + _honoured("as vLLM: hermes, llama3_json, pythonic, qwen3_coder (others exit 2 naming "
+                "them)", "--tool-call-parser")
     + _refused("tool calls are found by --tool-call-parser; a plugin file is not loaded",
                "--tool-parser-plugin=")
     + _no_effect("shoal closes tool-argument grammars to the declared properties "
