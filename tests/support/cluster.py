@@ -165,15 +165,17 @@ def pytest_runtest_makereport(item, call):
 
 def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
                      tensor_parallel: int = 1, shutdown_s: int = 10, extra_args=None,
-                     backoff_base: int = 2, max_model_len: int = 1024, **spec) -> dict:
+                     backoff_base: int = 2, max_model_len: int = 1024, model: str | None = None,
+                     **spec) -> dict:
     """An InferenceEngine serving the project's tiny model from the nodes' hostPath (built with
-    the suite's one builder, support.builders)."""
-    return (engine(name, namespace=None)
-            .set(model=f"{MODEL_MOUNT}/shoal-tiny", servedModelName="shoal-tiny",
-                 image=ENGINE_IMAGE)
-            .groups(replicas).ranks(nodes_per_group, tp=tensor_parallel).drain(shutdown_s)
-            .model_volume(MODEL_MOUNT, {"hostPath": {"path": str(MODEL_HOST_DIR),
-                                                     "type": "Directory"}})
+    the suite's one builder, support.builders); `model` (hf://, oci://) replaces that volume."""
+    b = (engine(name, namespace=None)
+         .set(model=model or f"{MODEL_MOUNT}/shoal-tiny", servedModelName="shoal-tiny",
+              image=ENGINE_IMAGE))
+    if model is None:
+        b = b.model_volume(MODEL_MOUNT, {"hostPath": {"path": str(MODEL_HOST_DIR),
+                                                      "type": "Directory"}})
+    return (b.groups(replicas).ranks(nodes_per_group, tp=tensor_parallel).drain(shutdown_s)
             .engine(extraArgs=["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
                                *(extra_args or [])],
                     startupTimeoutSeconds=300,

@@ -1,0 +1,167 @@
+"""hf:// and oci:// models on real pods.
+
+hf://: the model is served by the stand-in hub (tests/support/stand_in_hub.py: a stand-in,
+because no real hub is reachable here; the `huggingface_hub` client in `shoal fetch` and its
+cache are real) running as a pod of the router image behind a Service, its script from a
+ConfigMap and its repositories the nodes' model hostPath (repo `shoal/shoal-tiny`). Two groups
+of two ranks share one hostPath cache (the two local nodes share the host's filesystem): every
+file is downloaded once. A wrong token fails the resource for good naming the repository; a
+missing token Secret is a waiting reason naming it.
+
+oci://: the project's model built into a model image (shoal.devcluster.images, KServe
+modelcar layout) and loaded into the nodes; the 1.20 API server has no image volumes, so an init
+container copies it into the pod.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from shoal.devcluster.images import ROUTER_TAG, ensure_model_image
+from shoal.devcluster.layout import MODEL_HOST_DIR, VAR_DIR
+from support.wait import wait_for
+
+from e2e.e2e_helpers import create, record, service_url, status, wait_ready, wait_serving
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+HUB_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "stand_in_hub.py"
+TOKEN = "hf_e2e_token"
+REPO = "shoal/shoal-tiny"  # the hub's root is the hostPath's parent: ORG=shoal
+HUB_PORT = 8080
+SMALL = {"max_model_len": 256}
+
+
+def _hub_objects(ns: str) -> list[dict]:
+    labels = {"app": "hub"}
+    root = {"name": "repos", "hostPath": {"path": str(MODEL_HOST_DIR), "type": "Directory"}}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hub", "namespace": ns,
+                                                        "labels": labels},
+        "spec": {
+            "containers": [{
+                "name": "hub", "image": ROUTER_TAG, "imagePullPolicy": "IfNotPresent",
+                "command": ["python", "/hub/stand_in_hub.py", "--root", "/repos",
+                            "--port", str(HUB_PORT), "--token", TOKEN],
+                "ports": [{"containerPort": HUB_PORT}],
+                "readinessProbe": {"tcpSocket": {"port": HUB_PORT}, "periodSeconds": 1},
+                "volumeMounts": [{"name": "script", "mountPath": "/hub"},
+                                 {"name": "repos", "mountPath": "/repos/shoal",
+                                  "readOnly": True}],
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+            }],
+            "volumes": [{"name": "script", "configMap": {"name": "stand-in-hub"}}, root],
+        },
+    }
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hub", "namespace": ns},
+           "spec": {"selector": labels, "ports": [{"port": HUB_PORT,
+                                                   "targetPort": HUB_PORT}]}}
+    return [pod, svc]
+
+
+@pytest.fixture(scope="module")
+def hub(cluster):
+    """The stand-in hub's in-cluster endpoint and its /_stats URL from the host."""
+    ns = cluster.new_namespace("e2e-hub")
+    cluster.kubectl("create", "configmap", "stand-in-hub", "-n", ns,
+                    f"--from-file=stand_in_hub.py={HUB_SCRIPT}")
+    for obj in _hub_objects(ns):
+        cluster.apply(obj)
+    cluster.kubectl("wait", "--for=condition=Ready", "pod/hub", "-n", ns, "--timeout=180s",
+                    timeout=200)
+    ip = cluster.get("service", "hub", "-n", ns)["spec"]["clusterIP"]
+    yield {"endpoint": f"http://hub.{ns}.svc.cluster.local:{HUB_PORT}",
+           "stats": f"http://{ip}:{HUB_PORT}/_stats"}
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _stats(hub: dict) -> dict:
+    with urllib.request.urlopen(hub["stats"], timeout=10) as r:
+        return json.load(r)
+
+
+def _token_secret(cluster, ns: str, token: str) -> None:
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns,
+                    f"--from-literal=HF_TOKEN={token}")
+
+
+def _hf(hub: dict, secret: str = "hf-token", **spec) -> dict:
+    return {"model": f"hf://{REPO}@main", "hfEndpoint": hub["endpoint"],
+            "modelAuth": {"secretName": secret}, **SMALL, **spec}
+
+
+@pytest.fixture
+def shared_cache():
+    path = VAR_DIR / f"e2e-model-cache-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    path.chmod(0o777)  # the fetcher runs as uid 10001
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_hf_two_groups_of_two_ranks_download_each_file_once(cluster, new_ns, hub,
+                                                            shared_cache):
+    ns = new_ns("e2e-hf")
+    _token_secret(cluster, ns, TOKEN)
+    before = _stats(hub)["downloads"]
+    t0 = time.monotonic()
+    create(cluster, ns, "hf", replicas=2, nodes_per_group=2, tensor_parallel=2,
+           extra_args=["--dtype", "float32"],
+           **_hf(hub, modelCache={"hostPath": {"path": str(shared_cache)}}))
+    wait_ready(cluster, ns, "hf", "2/2", timeout=480)
+    ready_s = time.monotonic() - t0
+    wait_serving(service_url(cluster, ns, "hf"))
+    downloads = {k: n - before.get(k, 0) for k, n in _stats(hub)["downloads"].items()
+                 if k.startswith(REPO + "/") and n - before.get(k, 0)}
+    record("model_source_hf_cold_ready", ready_s, groups=2, ranks=2,
+           files=len(downloads), downloads=sum(downloads.values()))
+    assert downloads and set(downloads.values()) == {1}, downloads
+    assert any(k.endswith(".safetensors") for k in downloads), downloads
+    assert (shared_cache / "hub" / "models--shoal--shoal-tiny").is_dir()
+
+
+def test_hf_wrong_token_is_permanent_and_names_the_repository(cluster, new_ns, hub):
+    ns = new_ns("e2e-hf-denied")
+    _token_secret(cluster, ns, "hf_wrong")
+    create(cluster, ns, "denied", **_hf(hub))
+
+    def failed():
+        st = status(cluster, ns, "denied")
+        return st if st.get("phase") == "Failed" and st.get("lastFailure") else None
+
+    st = wait_for(failed, timeout=240, interval=1, what="phase Failed with lastFailure")
+    lf = st["lastFailure"]
+    assert (lf["cause"], lf["permanent"]) == ("model_access_denied", True), lf
+    assert REPO in lf["message"] and lf["reason"].startswith("model-fetch"), lf
+    dead = {c["type"]: c for c in st["conditions"]}["EngineDead"]
+    assert dead["reason"] == "PermanentError" and REPO in dead["message"], dead
+
+
+def test_hf_missing_token_secret_is_a_waiting_reason_naming_it(cluster, new_ns, hub):
+    ns = new_ns("e2e-hf-nosecret")
+    create(cluster, ns, "nosecret", **_hf(hub, secret="no-such-secret"))
+
+    def waiting():
+        groups = status(cluster, ns, "nosecret").get("groups") or []
+        msg = groups[0].get("message", "") if groups else ""
+        return msg if 'secret "no-such-secret" not found' in msg else None
+
+    msg = wait_for(waiting, timeout=120, interval=1, what="a waiting reason naming the Secret")
+    assert "CreateContainerConfigError" in msg and "spec.modelAuth.secretName" in msg, msg
+
+
+def test_oci_model_image_serves(cluster, new_ns):
+    tag = "localhost/shoal/model-shoal-tiny:e2e"
+    ensure_model_image(MODEL_HOST_DIR / "shoal-tiny", tag)
+    ns = new_ns("e2e-oci")
+    t0 = time.monotonic()
+    create(cluster, ns, "oci", model=f"oci://{tag}", **SMALL)
+    wait_ready(cluster, ns, "oci", "1/1")
+    record("model_source_oci_ready", time.monotonic() - t0)
+    wait_serving(service_url(cluster, ns, "oci"))
