@@ -380,3 +380,36 @@ def test_responses_report_the_cached_tokens_always(served):
     engine.cached = 32
     r = client().post("/v1/responses", json={"input": "a", "max_output_tokens": 2})
     assert r.json()["usage"]["input_tokens_details"] == {"cached_tokens": 32}
+
+
+# ----- vLLM's HTTP request metrics (prometheus-fastapi-instrumentator) -----------------------
+
+
+def test_http_request_metrics_have_vllms_names_and_labels(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, client = served
+    http = client()
+    assert http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    assert http.post("/v1/completions", json={"prompt": "a", "bad": 1}).status_code == 400
+    assert http.get("/v1/models").status_code == 200
+    for probe in ("/health", "/ping", "/version"):
+        http.get(probe)
+    http.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
+    requests = {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+                for s in families["http_requests"].samples if s.name == "http_requests_total"}
+    assert requests == {("/v1/completions", "POST", "2xx"): 1.0,
+                        ("/v1/completions", "POST", "4xx"): 1.0,
+                        ("/v1/models", "GET", "2xx"): 1.0}  # vLLM's excluded handlers absent
+    for name, labels in [("http_request_size_bytes", {"handler"}),
+                         ("http_response_size_bytes", {"handler"}),
+                         ("http_request_duration_highr_seconds", set()),
+                         ("http_request_duration_seconds", {"handler", "method"})]:
+        samples = [s for s in families[name].samples if s.name.endswith(("_count", "_sum"))]
+        assert samples, name
+        assert all(labels <= s.labels.keys() for s in samples), (name, samples[:2])
+    count = next(s.value for s in families["http_request_duration_seconds"].samples
+                 if s.name.endswith("_count") and s.labels["handler"] == "/v1/models")
+    assert count == 1.0
+    assert any(n.startswith("vllm:") for n in families)  # the engine's metrics are still there

@@ -204,6 +204,9 @@ def test_vllm_engine_flags_are_honoured_by_a_real_server(tiny_model, tmp_path):
         usage = [json.loads(line[6:])["usage"] for line in again.text.splitlines()
                  if line.startswith("data: {") and '"usage"' in line][-1]
         assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
+        scrape = httpx.get(f"{s.url}/metrics").text  # vLLM's HTTP metrics, vLLM's labels
+        assert ('http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} '
+                '3.0') in scrape, scrape[-3000:]
     finally:
         s.stop()
 

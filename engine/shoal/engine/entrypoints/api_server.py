@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from shoal.engine import __version__
+from shoal.engine.entrypoints import http_metrics
 from shoal.engine.entrypoints.api_key import ApiKeyAuth
 from shoal.engine.entrypoints.http_errors import (
     add_error_schema,
@@ -108,7 +109,7 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str],
         app.add_middleware(RequestIdHeader)
 
     serving = Serving(llm, served_model_names, dict(sampling_defaults or {}),
-                      output=output or OutputSettings())
+                      output=output or OutputSettings(), http_metrics=http_metrics.instrument(app))
     for router in (completions_router(serving), chat_router(serving, tool_settings),
                    admin_router(serving), invocations_router(serving)):
         app.include_router(router)

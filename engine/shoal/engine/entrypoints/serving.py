@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
 from shoal.engine.entrypoints.http_errors import error_json
 from shoal.engine.errors import RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
@@ -167,6 +168,8 @@ class Serving:
     # The generation endpoints by body type ("chat", "completion"), for /invocations.
     endpoints: dict = field(default_factory=dict)
     output: OutputSettings = field(default_factory=OutputSettings)
+    # vLLM's HTTP request metrics (http_metrics.py): rendered by /metrics after the engine's.
+    http_metrics: CollectorRegistry | None = None
 
     def prompt_details(self, request: Request) -> bool:
         """Whether usage carries prompt_tokens_details: the flag, or an endpoint that always

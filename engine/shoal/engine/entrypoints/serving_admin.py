@@ -9,7 +9,7 @@ import time
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shoal.engine import __version__
 from shoal.engine.entrypoints.http_errors import TOKENIZER_ERRORS, error_response, error_responses
 from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
@@ -66,7 +66,10 @@ def admin_router(s: Serving) -> APIRouter:
     @router.get("/metrics", response_class=Response, responses={
         200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}})
     async def metrics():
-        return Response(llm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        text = llm.metrics.render()
+        if s.http_metrics is not None:  # vLLM's http_* series (http_metrics.py)
+            text += generate_latest(s.http_metrics)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @router.post("/tokenize", responses=error_responses(*TOKENIZER_ERRORS))
     async def tokenize(body: TokenizeRequest):
