@@ -82,7 +82,7 @@ def _classify(exc: Exception, name: str, revision: str, cache: str, offline: boo
     names = {k.__name__ for k in type(exc).__mro__}
     status = getattr(getattr(exc, "response", None), "status_code", None)
     said = " ".join(str(exc).split())[:400]
-    head = f"{what} {name!r} at revision {revision!r}"
+    head = f"{what} {name!r} (no such local directory; as a hub id) at revision {revision!r}"
     given = "a token was given" if token or os.environ.get("HF_TOKEN") else "no token was given"
     # Most specific first: the classes nest (GatedRepoError is a RepositoryNotFoundError), and
     # the hub answers 401 for a repository that does not exist as for a private one.
