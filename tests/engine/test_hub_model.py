@@ -190,3 +190,35 @@ def test_a_missing_id_exits_2_naming_id_revision_and_cache(hub_cache, tmp_path):
     assert msg.cause == Cause.MODEL_NOT_FOUND
     for said in ("'shoal-test/absent'", "'r1'", str(hub_cache)):
         assert said in msg.message
+
+
+def _http(cls, status: int):
+    import httpx2
+
+    request = httpx2.Request("GET", "https://hub.example/api/models/o/n/revision/main")
+    return cls(f"HTTP {status}", response=httpx2.Response(status, request=request))
+
+
+def _errors():
+    from huggingface_hub import errors as e
+
+    return [
+        (_http(e.GatedRepoError, 401), False, Cause.MODEL_ACCESS_DENIED, 2, "access denied"),
+        (_http(e.RepositoryNotFoundError, 401), False, Cause.MODEL_NOT_FOUND, 2, "is private"),
+        (_http(e.RevisionNotFoundError, 404), False, Cause.MODEL_NOT_FOUND, 2, "no such revision"),
+        (_http(e.HfHubHTTPError, 403), False, Cause.MODEL_ACCESS_DENIED, 2, "HTTP 403"),
+        (_http(e.HfHubHTTPError, 503), False, Cause.DOWNLOAD_FAILED, 1, "downloading into"),
+        (e.LocalEntryNotFoundError("gone"), True, Cause.MODEL_NOT_FOUND, 2, "HF_HUB_OFFLINE"),
+        (e.LocalEntryNotFoundError("gone"), False, Cause.DOWNLOAD_FAILED, 1, "not be reached"),
+        (e.IncompleteSnapshotError("2 missing", "/s"), True, Cause.MODEL_NOT_FOUND, 2,
+         "is incomplete"),
+        (OSError("No space left on device"), False, Cause.DOWNLOAD_FAILED, 1, "No space left"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_classify_the_librarys_errors(case):
+    exc, offline, cause, code, says = _errors()[case]
+    err = model_files.classify(exc, "o/n", "main", "/cache", offline, None)
+    assert (err.cause, err.exit_code) == (cause, code), err
+    assert says in str(err) and "'o/n'" in str(err) and "'main'" in str(err)

@@ -69,7 +69,7 @@ def resolve(name: str, *, revision: str | None = None, download_dir: str | None 
                                  allow_patterns=list(ENGINE_FILES),
                                  ignore_patterns=list(ignore_patterns) or None)
     except Exception as exc:  # noqa: BLE001 - every failure is classified and named
-        raise _classify(exc, name, revision, cache, offline, token, what) from None
+        raise classify(exc, name, revision, cache, offline, token, what) from None
     where = "offline, from the cache" if offline else "from the cache or the hub"
     return Resolved(path, f"{what} {name}@{revision}: {path} ({where} {cache})")
 
@@ -77,8 +77,9 @@ def resolve(name: str, *, revision: str | None = None, download_dir: str | None 
 _TOKEN = "--hf-token / HF_TOKEN"
 
 
-def _classify(exc: Exception, name: str, revision: str, cache: str, offline: bool, token,
-              what: str) -> ResolveError:
+def classify(exc: Exception, name: str, revision: str, cache: str, offline: bool, token,
+             what: str = "model") -> ResolveError:
+    """The ResolveError for what snapshot_download raised (never raises)."""
     names = {k.__name__ for k in type(exc).__mro__}
     status = getattr(getattr(exc, "response", None), "status_code", None)
     said = " ".join(str(exc).split())[:400]
