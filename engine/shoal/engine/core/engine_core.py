@@ -59,7 +59,8 @@ class EngineCore:
                 f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of "
                 f"{self.block_size}), fewer than max_model_len={config.max_model_len}: one "
                 "request could never finish. Raise the KV budget (kv_cache_memory_bytes / "
-                "SHOAL_KV_CACHE_SPACE / num_kv_blocks) or lower max_model_len.")
+                "SHOAL_KV_CACHE_SPACE / num_kv_blocks; gpu_memory_utilization on CUDA) or "
+                "lower max_model_len.")
         self.max_model_len = config.max_model_len
         self.model_executor.initialize_kv_cache(self.num_blocks)
         self.vocab_size = self.model_executor.get_vocab_size()
