@@ -47,3 +47,21 @@ def test_the_torch_free_probe_agrees_with_torch():
     probe = probe_cuda()
     assert probe.available == torch.cuda.is_available(), probe
     assert torch.__version__ in probe.detail
+
+
+@pytest.mark.process
+def test_an_explicit_cuda_without_one_is_a_config_error_naming_it(tiny_model, tmp_path):
+    """Here torch sees no GPU: `--device cuda` fails at start-up, permanently, saying so."""
+    import torch
+    from shoal.contract.termination import Cause, parse_termination_message
+    from support.servers import ServeProcess
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is served")
+    s = ServeProcess(tiny_model, tmp_path, "--device", "cuda")
+    assert s.wait_exit(120) == 1, s.log()
+    log = s.log()
+    s.stop()
+    msg = parse_termination_message(s.termination_log.read_text())
+    assert msg.cause == Cause.CONFIG_ERROR, msg
+    assert "device 'cuda' requested but torch sees no CUDA device" in msg.message, log

@@ -15,6 +15,7 @@ import torch
 from shoal.engine.config import EngineConfig, cpu_kv_cache_bytes
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.device import CudaProbe, choose_device
+from shoal.engine.errors import ConfigError
 from shoal.engine.worker import kv_sizing
 from shoal.engine.worker.cpu.cpus import usable_cpus
 from shoal.engine.worker.model_runner import ModelRunner
@@ -33,7 +34,7 @@ def resolve_device(name: str) -> torch.device:
         log.info("%s", choice.log_line)
         name = choice.device
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but torch sees no CUDA device "
+        raise ConfigError(f"device {name!r} requested but torch sees no CUDA device "
                          f"(torch {torch.__version__}); use --device cpu or auto.")
     return torch.device(name)
 
