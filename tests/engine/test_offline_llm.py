@@ -51,11 +51,9 @@ def test_outputs_have_vllm_shapes(llm):
 
 
 def test_n_choices_step_the_seed_as_the_server_does(llm):
-    greedy = llm.generate("x = ", SamplingParams(temperature=0, max_tokens=8, n=2,
-                                                 ignore_eos=True))[0].outputs
-    assert [c.index for c in greedy] == [0, 1] and greedy[0].token_ids == greedy[1].token_ids
     sampled = llm.generate("x = ", SamplingParams(temperature=1.0, max_tokens=8, n=2, seed=11,
                                                   ignore_eos=True))[0].outputs
+    assert [c.index for c in sampled] == [0, 1]
     alone = [llm.generate("x = ", SamplingParams(temperature=1.0, max_tokens=8, seed=s,
                                                  ignore_eos=True))[0].outputs[0].token_ids
              for s in (11, 12)]
@@ -184,3 +182,68 @@ def test_priority_policy_serves_lower_priority_values_first(make_llm, tiny_model
     while core.has_unfinished_requests():
         finished += [o.request_id for o in core.step().outputs if o.finish_reason is not None]
     assert finished == ["low-0", "low-0b", "mid-1", "late-2"]
+
+
+# ----- SamplingParams checked at construction, as vLLM 0.32's --------------------------------
+
+REFUSED_PARAMS = [  # (arguments, vLLM's message)
+    (dict(n=0), "n must be at least 1, got 0."),
+    (dict(n=1.5), "n must be an int, but is of type <class 'float'>"),
+    (dict(n=20000), "n must be at most 16384, got 20000. To increase this limit, set the "
+                    "VLLM_MAX_N_SEQUENCES environment variable."),
+    (dict(temperature=0, n=2), "n must be 1 when using greedy sampling, got 2."),
+    (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2], got 2.5."),
+    (dict(frequency_penalty=-3), "frequency_penalty must be in [-2, 2], got -3."),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number, got inf."),
+    (dict(repetition_penalty=0), "repetition_penalty must be greater than zero, got 0."),
+    (dict(temperature=float("nan")), "temperature must be a finite number, got nan."),
+    (dict(temperature=-0.5), "temperature must be non-negative, got -0.5."),
+    (dict(temperature=2.5), "temperature must be in [0, 2], got 2.5."),
+    (dict(top_p=0), "top_p must be in (0, 1], got 0."),
+    (dict(top_p=1.2), "top_p must be in (0, 1], got 1.2."),
+    (dict(top_k=-2), "top_k must be 0 (disable), or at least 1, got -2."),
+    (dict(top_k=2.5), "top_k must be an integer, got float"),
+    (dict(min_p=1.5), "min_p must be in [0, 1], got 1.5."),
+    (dict(max_tokens=0), "max_tokens must be at least 1, got 0."),
+    (dict(min_tokens=-1), "min_tokens must be greater than or equal to 0, got -1."),
+    (dict(min_tokens=5, max_tokens=4), "min_tokens must be less than or equal to max_tokens=4, "
+                                       "got 5."),
+    (dict(logprobs=-2), "logprobs must be non-negative or -1, got -2."),
+    (dict(prompt_logprobs=-3), "prompt_logprobs must be non-negative or -1, got -3."),
+    (dict(stop_token_ids=[1, "2"]), "stop_token_ids must contain only integers, got [1, '2']."),
+    (dict(stop=["a", ""]), "stop cannot contain an empty string."),
+]
+
+
+@pytest.mark.parametrize("args, message", REFUSED_PARAMS, ids=[m[:30] for _, m in REFUSED_PARAMS])
+def test_sampling_params_refuse_what_vllm_refuses_in_its_words(args, message):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**args)
+    assert str(err.value) == message
+
+
+CONVERTED_PARAMS = [  # (arguments, the fields as vLLM leaves them)
+    (dict(seed=-1), dict(seed=None)),
+    (dict(stop="Question:"), dict(stop=["Question:"])),
+    (dict(stop=None, stop_token_ids=None), dict(stop=[], stop_token_ids=[])),
+    (dict(stop_token_ids=[3, 2, 3]), dict(stop_token_ids=[3, 2])),
+    (dict(logprobs=True, prompt_logprobs=True), dict(logprobs=1, prompt_logprobs=1)),
+    (dict(temperature=0.001), dict(temperature=0.01)),
+    (dict(temperature=0, top_p=0.5, top_k=3, min_p=0.2), dict(top_p=1.0, top_k=0, min_p=0.0)),
+    (dict(temperature=0.7, top_p=0.5, top_k=-1), dict(top_p=0.5, top_k=-1)),
+    (dict(logprobs=-1), dict(logprobs=-1)),  # vLLM's whole vocabulary (the engine refuses it)
+]
+
+
+@pytest.mark.parametrize("args, fields", CONVERTED_PARAMS,
+                         ids=[str(a) for a, _ in CONVERTED_PARAMS])
+def test_sampling_params_convert_their_fields_as_vllm(args, fields):
+    p = SamplingParams(**args)
+    assert {k: getattr(p, k) for k in fields} == fields
+
+
+def test_sampling_params_are_the_wire_struct_and_the_default_params_are_checked(llm):
+    from shoal.engine import wire
+
+    assert isinstance(SamplingParams(), wire.SamplingParams)
+    assert type(llm.get_default_sampling_params()) is SamplingParams

@@ -10,7 +10,7 @@ from shoal.contract import __version__
 # vLLM's top-level names: `from shoal.engine import LLM, SamplingParams` as `from vllm import
 # ...`. Resolved on first use (PEP 562), so `import shoal.engine` stays torch-free.
 _LAZY = {"LLM": "shoal.engine.llm", "RequestOutput": "shoal.engine.llm",
-         "CompletionOutput": "shoal.engine.llm", "SamplingParams": "shoal.engine.wire"}
+         "CompletionOutput": "shoal.engine.llm", "SamplingParams": "shoal.engine.sampling_params"}
 __all__ = ["__version__", *_LAZY]
 
 

@@ -153,7 +153,9 @@ class LLM:
     def get_default_sampling_params(self) -> wire.SamplingParams:
         """What a call without SamplingParams samples with: the model's generation_config
         values over vLLM's defaults (vLLM's LLM.get_default_sampling_params)."""
-        return wire.SamplingParams(**self.default_sampling_params)
+        from shoal.engine.sampling_params import SamplingParams
+
+        return SamplingParams(**self.default_sampling_params)
 
     def _prompt(self, prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a string, a token-id list, or vLLM's {"prompt": ...} /
