@@ -6,8 +6,9 @@ FETCH_CONTAINER, that runs ``shoal fetch hf://ORG/NAME@REVISION --cache-dir CACH
 The engine container then starts on the hub id, resolved offline from that cache (vLLM's own
 way: ``--download-dir CACHE_DIR`` with HF_HUB_OFFLINE=1), so a stock `vllm serve` reads the
 same cache. The fetcher names its failure in the termination message (shoal.contract.termination):
-MODEL_NOT_FOUND / MODEL_ACCESS_DENIED are permanent, DOWNLOAD_FAILED is transient (the kubelet
-restarts the init container with back-off).
+MODEL_NOT_FOUND / MODEL_ACCESS_DENIED are permanent, DOWNLOAD_FAILED is transient (engine pods run
+with restartPolicy Never, so the pod fails and the operator recreates the group with
+spec.restartPolicy's back-off).
 
 While it downloads, the fetcher prints PROGRESS lines on stdout; the operator reads the last
 one from the container's log and shows it in the group's status and in an Event.

@@ -1,5 +1,6 @@
 """Why a fetch failed, as the operator needs it: a cause, a message naming the repository, and
-the exit code (2 permanent, 1 transient: the kubelet restarts the init container with back-off).
+the exit code (2 permanent, 1 transient: the operator
+recreates the group with spec.restartPolicy's back-off; engine pods never restart in place).
 
 huggingface_hub raises one exception class per hub answer (hf_raise_for_status reads the status
 and the X-Error-Code header); the rules below map them, most specific first, because the classes
