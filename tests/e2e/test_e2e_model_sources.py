@@ -15,75 +15,31 @@ container copies it into the pod.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
-from shoal.devcluster.images import ROUTER_TAG, ensure_model_image
+from shoal.devcluster.images import ensure_model_image
 from shoal.devcluster.layout import MODEL_HOST_DIR, VAR_DIR
+from support import hub_pod
 from support.wait import wait_for
 
 from e2e.e2e_helpers import create, record, service_url, status, wait_ready, wait_serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-HUB_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "stand_in_hub.py"
-TOKEN = "hf_e2e_token"
-REPO = "shoal/shoal-tiny"  # the hub's root is the hostPath's parent: ORG=shoal
-HUB_PORT = 8080
+TOKEN = hub_pod.TOKEN
+REPO = f"{hub_pod.ORG}/shoal-tiny"  # the hub's root is the hostPath's parent
 SMALL = {"max_model_len": 256}
-
-
-def _hub_objects(ns: str) -> list[dict]:
-    labels = {"app": "hub"}
-    root = {"name": "repos", "hostPath": {"path": str(MODEL_HOST_DIR), "type": "Directory"}}
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hub", "namespace": ns,
-                                                        "labels": labels},
-        "spec": {
-            "containers": [{
-                "name": "hub", "image": ROUTER_TAG, "imagePullPolicy": "IfNotPresent",
-                "command": ["python", "/hub/stand_in_hub.py", "--root", "/repos",
-                            "--port", str(HUB_PORT), "--token", TOKEN],
-                "ports": [{"containerPort": HUB_PORT}],
-                "readinessProbe": {"tcpSocket": {"port": HUB_PORT}, "periodSeconds": 1},
-                "volumeMounts": [{"name": "script", "mountPath": "/hub"},
-                                 {"name": "repos", "mountPath": "/repos/shoal",
-                                  "readOnly": True}],
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-            }],
-            "volumes": [{"name": "script", "configMap": {"name": "stand-in-hub"}}, root],
-        },
-    }
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hub", "namespace": ns},
-           "spec": {"selector": labels, "ports": [{"port": HUB_PORT,
-                                                   "targetPort": HUB_PORT}]}}
-    return [pod, svc]
 
 
 @pytest.fixture(scope="module")
 def hub(cluster):
     """The stand-in hub's in-cluster endpoint and its /_stats URL from the host."""
     ns = cluster.new_namespace("e2e-hub")
-    cluster.kubectl("create", "configmap", "stand-in-hub", "-n", ns,
-                    f"--from-file=stand_in_hub.py={HUB_SCRIPT}")
-    for obj in _hub_objects(ns):
-        cluster.apply(obj)
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/hub", "-n", ns, "--timeout=180s",
-                    timeout=200)
-    ip = cluster.get("service", "hub", "-n", ns)["spec"]["clusterIP"]
-    yield {"endpoint": f"http://hub.{ns}.svc.cluster.local:{HUB_PORT}",
-           "stats": f"http://{ip}:{HUB_PORT}/_stats"}
+    yield hub_pod.start(cluster, ns)
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-
-def _stats(hub: dict) -> dict:
-    with urllib.request.urlopen(hub["stats"], timeout=10) as r:
-        return json.load(r)
 
 
 def _token_secret(cluster, ns: str, token: str) -> None:
@@ -109,7 +65,7 @@ def test_hf_two_groups_of_two_ranks_download_each_file_once(cluster, new_ns, hub
                                                             shared_cache):
     ns = new_ns("e2e-hf")
     _token_secret(cluster, ns, TOKEN)
-    before = _stats(hub)["downloads"]
+    before = hub_pod.stats(hub)["downloads"]
     t0 = time.monotonic()
     create(cluster, ns, "hf", replicas=2, nodes_per_group=2, tensor_parallel=2,
            extra_args=["--dtype", "float32"],
@@ -117,8 +73,7 @@ def test_hf_two_groups_of_two_ranks_download_each_file_once(cluster, new_ns, hub
     wait_ready(cluster, ns, "hf", "2/2", timeout=480)
     ready_s = time.monotonic() - t0
     wait_serving(service_url(cluster, ns, "hf"))
-    downloads = {k: n - before.get(k, 0) for k, n in _stats(hub)["downloads"].items()
-                 if k.startswith(REPO + "/") and n - before.get(k, 0)}
+    downloads = hub_pod.downloads_since(hub, before, REPO)
     record("model_source_hf_cold_ready", ready_s, groups=2, ranks=2,
            files=len(downloads), downloads=sum(downloads.values()))
     assert downloads and set(downloads.values()) == {1}, downloads
