@@ -151,8 +151,9 @@ def test_engine_command_lines_from_examples_are_accepted_by_shoal_serve(path):
 
 def test_the_production_example_places_its_pods_and_keeps_the_operators_parts():
     """examples/gpu-production.yaml: the GPU pool's label and taint, zone spreading and the
-    hf:// model (its fetch with the token Secret, the shared cache claim) reach every engine pod; the operator's own PodDisruptionBudget is rendered
-    (the example has none of its own); and its spec has no problem the operator would report."""
+    hf:// model (its fetch with the token Secret, the shared cache claim) reach every engine pod;
+    the operator's own PodDisruptionBudget is rendered (the example has none of its own); and
+    its spec has no problem the operator would report."""
     from shoal.operator.render import render_children
     from shoal.operator.spec import parse
     from shoal.operator.validation import spec_problems
