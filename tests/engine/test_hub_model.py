@@ -222,3 +222,27 @@ def test_classify_the_librarys_errors(case):
     err = model_files.classify(exc, "o/n", "main", "/cache", offline, None)
     assert (err.cause, err.exit_code) == (cause, code), err
     assert says in str(err) and "'o/n'" in str(err) and "'main'" in str(err)
+
+
+def test_offline_llm_takes_a_hub_id_and_a_tokenizer_repo(hub_cache, offline):
+    """LLM("ORG/NAME", revision=, tokenizer=, download_dir=) as vLLM's: resolved from the cache
+    like `shoal serve`; the v2 snapshot's context length and the tokenizer repo's template."""
+    from shoal.engine import LLM
+
+    llm = LLM(REPO, revision="v2", tokenizer=TOKENIZER_REPO, download_dir=str(hub_cache),
+              kv_cache_memory_bytes=64 << 20)
+    try:
+        assert llm.engine_core.max_model_len == 512
+        prompt = llm.get_tokenizer().apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False)
+        assert prompt == "<<hi>>"
+    finally:
+        llm.shutdown()
+
+
+def test_offline_llm_names_a_missing_hub_id(hub_cache, offline):
+    from shoal.engine import LLM
+
+    with pytest.raises(ResolveError, match=r"shoal-test/absent.*main") as err:
+        LLM("shoal-test/absent", download_dir=str(hub_cache))
+    assert str(hub_cache) in str(err.value)

@@ -116,17 +116,32 @@ def _priority_to_seq(priority: int | list[int] | None, num_requests: int) -> lis
 class LLM:
     def __init__(self, model: str, *, tokenizer: str | None = None,
                  generation_config: str = "auto", scheduling_policy: str = "fcfs",
+                 revision: str | None = None, tokenizer_revision: str | None = None,
+                 download_dir: str | None = None, hf_token: str | bool | None = None,
                  **kwargs) -> None:
         """`generation_config`: vLLM's: "auto" takes the model's generation_config.json
         sampling values as the defaults of a call without SamplingParams
         (`get_default_sampling_params`), "vllm" ignores them, a directory reads its file.
-        `scheduling_policy`: vLLM's, "fcfs" or "priority" (generate's and chat's `priority`)."""
+        `scheduling_policy`: vLLM's, "fcfs" or "priority" (generate's and chat's `priority`).
+        `model` and `tokenizer` may be hub ids, resolved as `shoal serve` resolves them
+        (model_files.py: the Hugging Face cache or `download_dir` at `revision`, else the hub);
+        one that is not there raises ResolveError naming id, revision and cache."""
         from shoal.engine.core_client.inproc import InprocClient
         from shoal.engine.frontend.async_llm import _extra_eos_ids
         from shoal.engine.frontend.input_processor import InputProcessor
         from shoal.engine.generation_config import describe, sampling_defaults
+        from shoal.engine.model_files import resolve
         from shoal.engine.tokenizer import load_tokenizer
 
+        hub = dict(download_dir=download_dir, token=hf_token)
+        found = resolve(model, revision=revision, **hub)
+        logger.info("%s", found.how)
+        model = found.path
+        if tokenizer:
+            found = resolve(tokenizer, revision=tokenizer_revision or revision,
+                            what="tokenizer", **hub)
+            logger.info("%s", found.how)
+            tokenizer = found.path
         self.config = EngineConfig(model=model, **_engine_args(kwargs))
         self.default_sampling_params = sampling_defaults(model, generation_config)
         if self.default_sampling_params:
