@@ -188,11 +188,17 @@ def build_target(target: str, tag: str) -> Path:
                 "--pull-never", "--layers", "--format", "docker", "--target", target,
                 "-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *args, "-t", tag, str(REPO)],
                logp, what=f"image {target}: build")
-    for old in sorted(images_dir().glob(f"{target}-*.tar"), key=lambda p: p.stat().st_mtime)[:-1]:
-        old.unlink()  # keep the newest other one: a running cluster may still load it
+    return _save_archive(tag, archive, f"{target}-*.tar", f"image {target}")
+
+
+def _save_archive(tag: str, archive: Path, earlier: str, what: str) -> Path:
+    """Save a built image as `archive` (atomically), dropping all but the newest of the older
+    archives matching `earlier`: a running cluster may still load that one."""
+    for old in sorted(images_dir().glob(earlier), key=lambda p: p.stat().st_mtime)[:-1]:
+        old.unlink()
     tmp = archive.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
-    log(f"image {target}: saving {tag} -> {archive.name}")
+    log(f"{what}: saving {tag} -> {archive.name}")
     run(["buildah", *storage_args(), "push", tag, f"docker-archive:{tmp}:{tag}"], timeout=900)
     os.replace(tmp, archive)
     return archive
@@ -355,16 +361,7 @@ def build_model_image(model_dir: Path, tag: str) -> Path:
                    logp, what=f"model image {tag}: build")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    earlier = sorted(images_dir().glob(f"model-{_tag_slug(tag)}-*.tar"),
-                     key=lambda p: p.stat().st_mtime)
-    for old in earlier[:-1]:
-        old.unlink()  # keep the newest other one, as build_target does
-    tmp = archive.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    log(f"model image {tag}: saving -> {archive.name}")
-    run(["buildah", *storage_args(), "push", tag, f"docker-archive:{tmp}:{tag}"], timeout=900)
-    os.replace(tmp, archive)
-    return archive
+    return _save_archive(tag, archive, f"model-{_tag_slug(tag)}-*.tar", f"model image {tag}")
 
 
 def load_into_nodes(archive: Path, tag: str, what: str) -> list[str]:
