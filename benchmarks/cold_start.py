@@ -37,8 +37,8 @@ from support.wait import wait_for
 
 REPO = f"{hub_pod.ORG}/shoal-tiny"
 SMALL = {"max_model_len": 256}
-LOG_MARKS = (("loading model", "engine: loading model"), ("KV cache ", "engine: KV sized"),
-             ("ready: ", "engine: serving"))
+LOG_MARKS = (("loading model", "engine: loading model"), (" KV cache ", "engine: KV sized"),
+             ("/v1 serving ", "engine: serving"))
 
 
 def _log_time(line: str) -> float:
@@ -94,9 +94,11 @@ def pvc_objects(ns: str, name: str) -> list[dict]:
 
 
 def table(runs: dict[str, list[tuple[str, float]]]) -> str:
-    names: list[str] = []
+    names: list[str] = []  # every run's stages, a stage one run lacks kept in its place
     for rows in runs.values():
-        names += [n for n, _ in rows if n not in names]
+        for i, (n, _) in enumerate(rows):
+            if n not in names:
+                names.insert(names.index(rows[i - 1][0]) + 1 if i else 0, n)
     head = "| stage (s since pod created) | " + " | ".join(runs) + " |"
     out = [head, "|---|" + "---:|" * len(runs)]
     for n in names:
@@ -156,9 +158,10 @@ def main() -> int:
             wait_ready(c, ns, "hf-2x2", "2/2", timeout=600)
             got = hub_pod.downloads_since(hub, before, REPO)
             notes.append(f"2 groups x 2 ranks, one hostPath cache: Ready in "
-                         f"{time.monotonic() - t:.0f} s; {sum(got.values())} file downloads of "
-                         f"{len(got)} files for 4 engine pods ({sum(got.values()) / 4:.2f} per "
-                         f"engine pod; each file {sorted(set(got.values()))} time(s))")
+                         f"{time.monotonic() - t:.0f} s; 4 engine pods, {len(got)} files, "
+                         f"{sum(got.values())} file downloads (times each file was downloaded: "
+                         f"{sorted(set(got.values()))}); {sum(got.values()) / len(got) / 4:.2f} "
+                         f"downloads of the model per engine pod")
             shutil.rmtree(shared, ignore_errors=True)
     finally:
         c.kubectl("delete", "ns", ns, "--wait=false", check=False)
