@@ -169,7 +169,9 @@ def main() -> int:
         shutil.rmtree(cache, ignore_errors=True)
         if not was_running and not args.keep:
             devcluster.stop()
-    print("\n" + table(runs) + "\n")
+    from prefix_routing import cpu_flags  # the benchmarks' one CPU description
+
+    print("\n" + cpu_flags() + "\n\n" + table(runs) + "\n")
     for n in notes:
         print(f"- {n}")
     return 0
