@@ -155,7 +155,9 @@ def test_broken_inferenceengine_is_rejected_with_a_clear_message(cli, release, c
         cli.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-@pytest.mark.parametrize("model, why", [("hf://Qwen/Qwen2.5-7B-Instruct", "not implemented yet"),
+@pytest.mark.parametrize("model, why", [("hf://Qwen", "hf:// without ORG/NAME"),
+                                        ("s3://bucket/model", "a scheme Shoal does not fetch"),
+                                        ("oci://Registry/Model:1", "not a lowercase image"),
                                         ("pvc://Bad_Claim/model", "not a claim name")])
 def test_a_bad_model_reference_is_rejected_naming_spec_model(cli, release, control_plane,
                                                              tmp_path, model, why):
