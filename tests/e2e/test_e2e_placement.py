@@ -103,8 +103,8 @@ def test_a_pvc_model_is_served_from_its_claim(cluster, new_ns):
     try:
         cluster.apply(volume)
         cluster.apply(claim)
-        body = _engine(ns, "frompvc", model="pvc://models/shoal-tiny")
-        del body["spec"]["modelVolume"]
+        body = _engine(ns, "frompvc", model="pvc://models/shoal-tiny")  # no modelVolume
+        assert "modelVolume" not in body["spec"]
         cluster.apply(body)
         wait_ready(cluster, ns, "frompvc", "1/1")
         (pod,) = pods(cluster, ns, "shoal.dev/engine=frompvc,shoal.dev/component=engine")
