@@ -11,7 +11,11 @@ no kubernetes), so the engine and the operator agree on exactly one format.
 Format (one JSON object, keys in this order, all but `cause` and `message` optional)::
 
     {"v": 1, "cause": "out_of_memory", "rank": 1, "message": "CUDA out of memory ...",
-     "exitCode": 1, "pid": 42, "time": "2026-11-29T15:00:00Z"}
+     "exitCode": 1, "pid": 42, "time": "2026-11-29T15:00:00Z", "process": "EngineCore_DP0"}
+
+`process` (appended in issue 25) names the process of the engine that died first when the
+writer knows it (the supervisor in front of a stock vLLM: `APIServer`, `EngineCore_DP0`,
+`Worker_TP1`); `pid` is then that process's pid.
 
 Stock images (plain `vllm serve`) write nothing, and with `FallbackToLogsOnError` Kubernetes
 puts the log tail there instead: `parse_termination_message` accepts any text and classifies
@@ -80,6 +84,7 @@ class TerminationMessage:
     pid: int | None = None
     time: str | None = None
     structured: bool = True
+    process: str | None = None  # appended in issue 25
 
     @property
     def permanent(self) -> bool:
@@ -89,7 +94,7 @@ class TerminationMessage:
         """Encode, truncating `message` so that the whole object fits MAX_MESSAGE_BYTES."""
         return encode(
             self.cause, self.message, rank=self.rank, exit_code=self.exit_code, pid=self.pid,
-            time=self.time,
+            time=self.time, process=self.process,
         )
 
 
@@ -106,11 +111,13 @@ def encode(
     pid: int | None = None,
     time: str | None = None,
     limit: int = MAX_MESSAGE_BYTES,
+    process: str | None = None,
 ) -> str:
     """One JSON object within `limit` bytes (UTF-8); the message keeps its head and its tail,
     because the first line names the error and the last line names where it happened."""
     obj: dict = {"v": FORMAT_VERSION, "cause": Cause(cause).value, "rank": rank, "message": ""}
-    for key, val in (("exitCode", exit_code), ("pid", pid), ("time", time)):
+    for key, val in (("exitCode", exit_code), ("pid", pid), ("time", time),
+                     ("process", process)):
         if val is not None:
             obj[key] = val
     if rank is None:
@@ -241,6 +248,7 @@ def parse_termination_message(text: str | None) -> TerminationMessage:
                 exit_code=_int_or_none(obj.get("exitCode")),
                 pid=_int_or_none(obj.get("pid")),
                 time=obj.get("time") if isinstance(obj.get("time"), str) else None,
+                process=obj.get("process") if isinstance(obj.get("process"), str) else None,
             )
     return TerminationMessage(cause=classify_text(text), message=text, structured=False)
 
