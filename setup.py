@@ -3,7 +3,8 @@
 from setuptools import find_namespace_packages, setup
 
 packages, package_dir = [], {}
-for root in ("contract", "engine", "router", "operator", "fetch", "cli", "devcluster"):
+for root in ("contract", "engine", "router", "operator", "fetch", "cli", "devcluster",
+             "supervisor"):
     for pkg in find_namespace_packages(root, include=["shoal.*"]):
         packages.append(pkg)
         package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"

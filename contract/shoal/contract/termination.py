@@ -149,15 +149,20 @@ def write_termination_message(
     rank: int | None = None,
     exit_code: int | None = None,
     path: str | None = None,
+    process: str | None = None,
+    pid: int | None = None,
 ) -> bool:
     """Write the message where Kubernetes looks for it. Never raises: this runs on a failure
     path, and a missing or read-only file must not mask the original error.
 
-    The path is `$SHOAL_TERMINATION_LOG`, else /dev/termination-log if it exists (in a pod)."""
+    The path is `$SHOAL_TERMINATION_LOG`, else /dev/termination-log if it exists (in a pod).
+    `process` and `pid` name the process that died when the writer is not that process (the
+    supervisor in front of a stock vLLM); `pid` defaults to the writer's own."""
     path = path or os.environ.get(env.TERMINATION_LOG) or DEFAULT_PATH
     if path == DEFAULT_PATH and not os.path.exists(path):
         return False
-    text = encode(cause, message, rank=rank, exit_code=exit_code, pid=os.getpid(), time=_now())
+    text = encode(cause, message, rank=rank, exit_code=exit_code,
+                  pid=os.getpid() if pid is None else pid, time=_now(), process=process)
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
