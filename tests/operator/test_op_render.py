@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from shoal.contract import discovery
+from shoal.contract import discovery, supervisor
 from shoal.contract.env import TERMINATION_LOG
 from shoal.operator import labels as L
 from shoal.operator import render
@@ -109,7 +109,8 @@ def test_startup_probe_budget_follows_the_startup_timeout_not_a_fixed_delay():
 def test_stock_vllm_runtime_uses_the_same_flags():
     body = engine().ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0").obj()
     c = _container(render.engine_pod(*parse(body), 0, 1))
-    assert c["command"] == ["vllm"] and "--headless" in c["args"]
+    # vLLM runs under Shoal's supervisor (tests/operator/test_op_supervisor_parts.py).
+    assert c["command"] == supervisor.command(["vllm"]) and "--headless" in c["args"]
     # (tests/operator/test_op_vllm_cli.py feeds these command lines to vLLM's own parser)
 
 

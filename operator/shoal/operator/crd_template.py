@@ -129,13 +129,15 @@ def _spec(main: str, owned_pod: dict[str, str]) -> dict:
         "securityContext": opaque("securityContext of the pods, as in a Pod. Example: "
                                   "`{runAsNonRoot: true, fsGroup: 10001}`. Default: none."),
         "volumes": typed("array", "volumes are added to the pods', merged by name (a name the "
-                         "operator uses, such as `model`, `model-cache` or `dshm`, is "
-                         "refused). Example: `[{name: cache, emptyDir: {}}]`. Default: none.",
+                         "operator uses, such as `model`, `model-cache`, `shoal-supervisor` "
+                         "or `dshm`, is refused). Example: `[{name: cache, emptyDir: {}}]`. "
+                         "Default: none.",
                          items=_named("volume", "cache")),
         "initContainers": typed("array", "initContainers run before the pod's containers, as "
-                                "written, after the operator's own (`model-fetch` for an "
-                                "hf:// model, `model-image` for oci://; a template that names "
-                                "them is refused). Example: `[{name: warm, image: "
+                                "written, after the operator's own (`install-supervisor` "
+                                "for runtime VLLM, `model-fetch` for an hf:// model, "
+                                "`model-image` for oci://; a template that names them is "
+                                "refused). Example: `[{name: warm, image: "
                                 "busybox:1.36, command: [sh, -c, 'cat /models/x/*.safetensors "
                                 "> /dev/null']}]`. Default: none.",
                                 items=_named("init container", "warm")),

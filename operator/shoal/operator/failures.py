@@ -27,6 +27,9 @@ class Failure:
     permanent: bool
     message: str
     time: str
+    # The engine's process that died first, when the termination message names it (Shoal's
+    # supervisor in front of a stock vLLM: `APIServer`, `EngineCore_DP0`, `Worker_TP1`).
+    process: str = ""
 
     def to_status(self) -> dict:
         d = asdict(self)
@@ -42,8 +45,21 @@ class Failure:
             "permanent": d["permanent"],
             "message": d["message"],
             "time": d["time"],
+            "process": d["process"],
         }
         return {k: v for k, v in out.items() if v not in (None, "")} | {"permanent": self.permanent}
+
+    @property
+    def rank_process(self) -> str:
+        """`rank R`, and `(PROCESS)` when the message named it: how group messages name it."""
+        return f"rank {self.rank}" + (f" ({self.process})" if self.process else "")
+
+    @property
+    def who(self) -> str:
+        """`rank R pod P` and the process when known: how Events (and so the operator's log
+        line of each, events.py) name the death."""
+        return f"rank {self.rank} pod {self.pod}" + (f" process {self.process}"
+                                                      if self.process else "")
 
     @property
     def key(self) -> str:
@@ -133,6 +149,7 @@ def failure_of(pod: dict) -> Failure | None:
         permanent=is_permanent(cause),
         message=message,
         time=term.get("finishedAt") or meta.get("creationTimestamp") or "",
+        process=parsed.process or "",
     )
 
 

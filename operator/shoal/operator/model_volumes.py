@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from shoal.contract import model_fetch as mf
 from shoal.contract.termination import DEFAULT_PATH as TERMINATION_MESSAGE_PATH
 from shoal.operator.model_source import OCI_MODEL_DIR, OCI_MOUNT_DIR, PVC_MOUNT_DIR
-from shoal.operator.spec import ROUTER_IMAGE, EngineSpec
+from shoal.operator.render_common import shoal_init_image
+from shoal.operator.spec import EngineSpec
 
 MODEL_VOLUME = "model"
 OCI_COPY_CONTAINER = "model-image"  # the oci:// init container (copy mode)
@@ -95,7 +96,7 @@ def fetch_container(spec: EngineSpec) -> dict:
     assert spec.source.hub is not None
     return {
         "name": mf.FETCH_CONTAINER,
-        "image": spec.settings.fetch_image or ROUTER_IMAGE,
+        "image": shoal_init_image(spec),
         "imagePullPolicy": spec.image_pull_policy,
         "command": mf.fetch_command(spec.source.hub),
         "env": fetch_env(spec),

@@ -239,8 +239,8 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
     st.event(
         WARNING,
         "EngineDied",
-        f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
-        f"{death.exit_code}, signal {death.signal}, reason {death.reason or '-'}): {death.message}",
+        f"group {g} {death.who} died ({death.cause}, exit code {death.exit_code}, signal "
+        f"{death.signal}, reason {death.reason or '-'}): {death.message}",
     )
     restarts = int(mem.get("restarts", 0))
     if death.permanent or rp.never or restarts_exhausted(restarts, rp.max_restarts):
@@ -248,9 +248,9 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
                else "restartPolicy.policy is Never" if rp.never
                else f"{restarts} consecutive restarts reached restartPolicy.maxRestarts")
         mem.update(phase=GroupPhase.FAILED, revision=revision_of(pods) or st.spec.revision,
-                   message=f"rank {death.rank} {death.cause}: not restarting: {why}")
+                   message=f"{death.rank_process} {death.cause}: not restarting: {why}")
         st.event(WARNING, "RestartSkipped",
-                 f"group {g}: not restarting after {death.cause} on rank {death.rank}: {why}")
+                 f"group {g}: not restarting after {death.cause} on {death.rank_process}: {why}")
         # Keep the failed pod for its logs; stop the ranks that are still running.
         teardown_dead(st, {r: p for r, p in pods.items() if failure_of(p) is None})
         return mem
@@ -259,7 +259,7 @@ def _on_death(st: PassState, g: int, mem: dict, pods: dict[int, dict], death: Fa
     st.restart_count += 1
     mem.update(phase=GroupPhase.BACKING_OFF, restarts=restarts,
                nextRestartTime=iso_not_before(st.now + dt.timedelta(seconds=delay)),
-               message=f"rank {death.rank} died ({death.cause}); restart {restarts} in {delay}s")
+               message=f"{death.rank_process} died ({death.cause}); restart {restarts} in {delay}s")
     st.event(NORMAL, "GroupRestarting",
              f"group {g}: tearing down all ranks; restart {restarts} in {delay}s")
     # A tensor-parallel group with a dead rank cannot continue: all ranks go at once.
@@ -277,11 +277,11 @@ def _watch_only(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict
         st.last_failure = death.to_status()
         mem["failureKey"] = death.key
         st.event(WARNING, "EngineDied",
-                 f"group {g} rank {death.rank} pod {death.pod} died ({death.cause}, exit code "
-                 f"{death.exit_code}): {death.message}; not restarting while the spec is invalid")
+                 f"group {g} {death.who} died ({death.cause}, exit code {death.exit_code}): "
+                 f"{death.message}; not restarting while the spec is invalid")
         mem.update(
             phase=GroupPhase.FAILED,
-            message=f"rank {death.rank} {death.cause}: not restarting while the spec is invalid",
+            message=f"{death.rank_process} {death.cause}: not restarting while the spec is invalid",
         )
     mem.setdefault("phase", GroupPhase.PENDING)
     return mem

@@ -4,7 +4,7 @@ annotation that says when a child must be rewritten, and the grace period."""
 from __future__ import annotations
 
 from shoal.operator import labels as L
-from shoal.operator.spec import EngineRef, EngineSpec, content_hash
+from shoal.operator.spec import ROUTER_IMAGE, EngineRef, EngineSpec, content_hash
 
 SHUTDOWN_MARGIN_SECONDS = 15  # SIGTERM -> SIGKILL slack beyond the drain: abort outputs, cleanup
 
@@ -40,3 +40,9 @@ def with_hash(obj: dict, payload) -> dict:
 def grace_seconds(spec: EngineSpec) -> int:
     """terminationGracePeriodSeconds >= drain time + margin: the drain is never cut short."""
     return spec.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS
+
+
+def shoal_init_image(spec: EngineSpec) -> str:
+    """The Shoal router image the operator's own init containers run (`model-fetch`,
+    `install-supervisor`): one setting, SHOAL_FETCH_IMAGE, else the release's router image."""
+    return spec.settings.fetch_image or ROUTER_IMAGE

@@ -1,8 +1,8 @@
 """Engine groups rendered: the headless Service that names every rank, and one pod per rank
 (`NAME-gG-rR`, owned directly by the InferenceEngine, no StatefulSet) with its command line,
 environment and probes, the model's volumes and init container (model_volumes.py, per model
-source), and the user's `spec.engine.template` merged over it (template.py). Pure, like
-render.py."""
+source), Shoal's supervisor in front of a stock vLLM (supervisor_parts.py), and the user's
+`spec.engine.template` merged over it (template.py). Pure, like render.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from shoal.operator import labels as L
 from shoal.operator import template, vllm_version
 from shoal.operator.model_volumes import model_parts
 from shoal.operator.render_common import engine_selector, grace_seconds, metadata, with_hash
-from shoal.operator.spec import EngineRef, EngineSpec, Runtime
+from shoal.operator.spec import EngineRef, EngineSpec
+from shoal.operator.supervisor_parts import supervisor_parts
 
 # The startup probe's period is the wait between an engine that serves and a Ready pod: 2 s
 # (benchmarks/cold_start.py measured 10 s leaving pods unready for 4-9 s after `ready:`).
@@ -45,8 +46,9 @@ def ranks_service(ref: EngineRef, spec: EngineSpec) -> dict:
 
 def engine_command(spec: EngineSpec) -> list[str] | None:
     """Shoal's image: None, keeping its entrypoint (`tini -g -- shoal`) as PID 1 so signals
-    reach the engine and its exit code propagates. Stock vLLM images: run `vllm` explicitly."""
-    return ["vllm"] if spec.runtime is Runtime.VLLM else None
+    reach the engine and its exit code propagates. Stock vLLM images: Shoal's supervisor as
+    PID 1 running `vllm` (supervisor_parts.py), so that a death names its process."""
+    return supervisor_parts(spec).command
 
 
 def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list[str]:
@@ -120,7 +122,7 @@ def _engine_container(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -
         container.update(rank0_probes(spec))  # headless ranks: no HTTP server, so no probes
     if spec.engine_resources:
         container["resources"] = spec.engine_resources
-    container["volumeMounts"] += model_parts(spec).mounts
+    container["volumeMounts"] += supervisor_parts(spec).mounts + model_parts(spec).mounts
     return container
 
 
@@ -143,8 +145,10 @@ def engine_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
 def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dict:
     """What the operator renders before the template: validation checks a template against
     it."""
-    model = model_parts(spec)
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *model.volumes]
+    model, sup = model_parts(spec), supervisor_parts(spec)
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *sup.volumes, *model.volumes]
+    # The supervisor's install first: seconds, and a bad router image fails before a download.
+    inits = sup.init_containers + model.init_containers
     name = L.pod_name(ref.name, group, rank)
     extra = {L.LABEL_GROUP: str(group), L.LABEL_RANK: str(rank), L.LABEL_REVISION: spec.revision}
     pod = {
@@ -158,7 +162,7 @@ def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dic
             # down, and an in-place restart would hide the death from everyone.
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": grace_seconds(spec),
-            **({"initContainers": model.init_containers} if model.init_containers else {}),
+            **({"initContainers": inits} if inits else {}),
             "containers": [_engine_container(ref, spec, group, rank)],
             "volumes": volumes,
         },

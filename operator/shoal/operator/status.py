@@ -58,7 +58,8 @@ def _engine_dead(bad: list[dict], failed: list[dict], last_failure: dict | None)
         return False, "EnginesAlive", "no engine group is dead"
     lf = last_failure
     reason = "PermanentError" if lf.get("permanent") else camel(lf.get("cause", "unknown"))
-    msg = (f"group {lf.get('group')} rank {lf.get('rank')} pod {lf.get('pod')} "
+    process = f" process {lf['process']}" if lf.get("process") else ""
+    msg = (f"group {lf.get('group')} rank {lf.get('rank')} pod {lf.get('pod')}{process} "
            f"({lf.get('cause')}, exit code {lf.get('exitCode')}): {lf.get('message', '')}")
     if failed:
         msg += " -- not restarting: " + "; ".join(g.get("message", "") for g in failed)

@@ -1,6 +1,6 @@
 """A user's pod template (`spec.engine.template`, `spec.frontend.template`) merged over the pod
 the operator renders, as a strategic merge patch does: maps merge, containers, init containers
-(the operator's own, such as `model-fetch`, run first),
+(the operator's own, such as `install-supervisor` and `model-fetch`, run first),
 volumes, image pull secrets and env merge by name, volume mounts by mount path; tolerations,
 topology spread constraints and affinity terms are added to the operator's own (a multi-node
 group keeps its one-rank-per-node anti-affinity).
@@ -41,8 +41,9 @@ CONTAINER_FIELDS = ("name", "env", "envFrom", "volumeMounts", "volumeDevices", "
 OWNED_CONTAINER = {
     "image": "set spec.image (engine) or spec.frontend.image",
     "imagePullPolicy": "set spec.imagePullPolicy",
-    "command": "the image's entrypoint (tini) must stay PID 1 so signals and exit codes reach "
-               "the engine and the kubelet; spec.runtime picks the command",
+    "command": "spec.runtime picks it: Shoal's image keeps its entrypoint (tini) as PID 1 so "
+               "signals and exit codes reach the engine and the kubelet; a stock vLLM runs "
+               "under Shoal's supervisor, which writes its termination message",
     "args": "the command line is the rank's place in its group; add flags with "
             "spec.engine.extraArgs",
     "ports": "the ports are the Services' and the probes' (8000, masterPort)",
@@ -94,10 +95,11 @@ def _by(items: list, key: str, value) -> dict:
 
 
 def problems(where: str, template: dict | None, base: dict, main: str,
-             owned_pod: dict[str, str]) -> list[str]:
+             owned_pod: dict[str, str], owned_inits: dict[str, str] | None = None) -> list[str]:
     """Every field of `template` that the merge over `base` could not keep, named by its path
     under `where` (e.g. `spec.engine.template`), with the reason; [] when all of it is kept.
-    `main` is the operator's container; `owned_pod` the pod fields owned beyond OWNED_POD."""
+    `main` is the operator's container; `owned_pod` the pod fields owned beyond OWNED_POD;
+    `owned_inits` says why each of the operator's init containers is its own."""
     if not template:
         return []
     out = _metadata_problems(where, template.get("metadata") or {}, base["metadata"])
@@ -113,7 +115,7 @@ def problems(where: str, template: dict | None, base: dict, main: str,
                        f"{', '.join(POD_FIELDS)})")
     out += _named_clashes(f"{at}.volumes", spec.get("volumes"), base["spec"].get("volumes"),
                           "name", "a volume of the operator's")
-    return out + _container_problems(at, spec, base["spec"], main)
+    return out + _container_problems(at, spec, base["spec"], main, owned_inits or {})
 
 
 def _metadata_problems(where: str, meta: dict, base: dict) -> list[str]:
@@ -128,7 +130,8 @@ def _metadata_problems(where: str, meta: dict, base: dict) -> list[str]:
     return out
 
 
-def _container_problems(at: str, spec: dict, base: dict, main: str) -> list[str]:
+def _container_problems(at: str, spec: dict, base: dict, main: str,
+                        owned_inits: dict[str, str]) -> list[str]:
     out = []
     names = [c.get("name") for c in (spec.get("initContainers") or []) + (spec.get("containers")
                                                                             or [])]
@@ -142,8 +145,8 @@ def _container_problems(at: str, spec: dict, base: dict, main: str) -> list[str]
             if not c.get("name"):
                 out.append(f"{at}.{part}[{i}] needs a name (containers merge by name)")
             elif c["name"] in inits:
-                out.append(f"{at}.{part}[{c['name']}] is set by the operator: it is the init "
-                           "container that brings spec.model into the pod")
+                why = owned_inits.get(c["name"], "it is one of the operator's init containers")
+                out.append(f"{at}.{part}[{c['name']}] is set by the operator: {why}")
             elif part == "containers" and c["name"] == main:
                 out += _main_problems(f"{at}.containers[{main}]", c, ours)
             else:

@@ -7,7 +7,7 @@ operator creates nothing for it; existing children are left as they are.
 from __future__ import annotations
 
 from shoal.operator import labels as L
-from shoal.operator import model_source, template, vllm_version
+from shoal.operator import model_source, model_volumes, supervisor_parts, template, vllm_version
 from shoal.operator.render import frontend_operator_template, operator_pod
 from shoal.operator.spec import EngineRef, EngineSpec
 
@@ -92,8 +92,10 @@ def template_problems(name: str, spec: EngineSpec) -> list[str]:
     """Every field of the two pod templates that the operator owns or does not support."""
     ref = EngineRef(name=name, namespace="")
     engine = operator_pod(ref, spec, 0, 0)
+    owned_inits = {**model_volumes.OWNED_INIT_CONTAINERS,
+                   **supervisor_parts.OWNED_INIT_CONTAINERS}
     return (template.problems("spec.engine.template", spec.engine_template, engine,
-                              L.ENGINE_CONTAINER, {})
+                              L.ENGINE_CONTAINER, {}, owned_inits)
             + template.problems("spec.frontend.template", spec.frontend_template,
                                 frontend_operator_template(ref, spec), L.FRONTEND_CONTAINER,
                                 template.FRONTEND_OWNED_POD))
