@@ -28,7 +28,9 @@ def parse_args(args: list[str], environ: dict) -> tuple[str, list[str]]:
     own, command = args[:sep], args[sep + 1:]
     while own:
         opt = own.pop(0)
-        if opt == "--termination-log" and own:
+        if opt == "--termination-log":
+            if not own:
+                raise UsageError("--termination-log needs a path")
             path = own.pop(0)
         elif opt.startswith("--termination-log="):
             path = opt.partition("=")[2]

@@ -1,7 +1,8 @@
 """The termination message: which process failed first, how it ended, and what vLLM said.
 
 The culprit is the earliest of two kinds of events: a process's first exception in the log,
-and the end of a vLLM process (not our child) that did not exit 0. A killed EngineCore ends
+and the end of a vLLM process (titled `VLLM::...`, not our child) that did not exit 0 or whose
+status was not seen. A killed EngineCore ends
 before the API server logs anything about it; a Worker's exception is logged before its
 EngineCore, the API server and the other Workers go down because of it.
 """
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 from shoal.contract.termination import Cause
 from shoal.supervisor import rules, status
-from shoal.supervisor.procwatch import Proc
+from shoal.supervisor.procwatch import TITLE_PREFIX, Proc
 from shoal.supervisor.vllm_log import LogMemory, ProcLog
 
 MAX_ROOT_LINES = 12
+MAX_OTHERS = 6
 STREAMS = ("stdout", "stderr")
 
 
@@ -53,7 +55,7 @@ def process_name(proc: Proc | None, pid: int | None, log: LogMemory, child_pid: 
         logged = log.name_of(pid)
         if logged:
             return logged
-    if proc is not None and proc.title.startswith("VLLM::"):
+    if proc is not None and proc.title.startswith(TITLE_PREFIX):
         return proc.name
     if pid == child_pid:
         return "APIServer"
@@ -73,8 +75,9 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
     events: list[tuple[float, str, object]] = []
     for plog in log.exceptions():
         events.append((plog.first_exception.at, "exception", plog))
-    for proc in ended:
-        if proc.pid != child.pid and not status.clean(proc.status):
+    vllm_ended = [p for p in ended if p.pid != child.pid and p.title.startswith(TITLE_PREFIX)]
+    for proc in vllm_ended:  # helpers (a compiler probe, lscpu) are not vLLM's processes
+        if not status.clean(proc.status):
             events.append((proc.ended, "end", proc))
     events.sort(key=lambda e: e[0])
 
@@ -103,6 +106,11 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
         child_name = process_name(child, child.pid, log, child.pid)
         lines.append(f"then {_label(child_name, child.pid, rank)} "
                      f"{status.describe(child.status)}")
+    others = [p for p in vllm_ended if p is not culprit_proc][:MAX_OTHERS]
+    if others:
+        lines.append("also ended: " + "; ".join(
+            f"{process_name(p, p.pid, log, child.pid)} (pid {p.pid}) {status.describe(p.status)}"
+            for p in others))
     lines.extend(root)
     if not root:
         lines.extend(f"log: {line}" for line in list(log.tail)[-4:])
