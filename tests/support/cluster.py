@@ -41,27 +41,35 @@ def _uses_cluster(items) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """`prepare` when a collected test uses `cluster`; then the vLLM image (about 6 GB, not part
+    of prepare: `image vllm`) only when one also uses `vllm_image` (tests/support/vllm_image.py)."""
     global _prepare_error
     if session.config.option.collectonly or not _uses_cluster(session.items):
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     say = tr.write_line if tr is not None else print
-    say("cluster: preparing binaries and images (python -m shoal.devcluster prepare; cached "
-        "after the first run)")
-    t0 = time.monotonic()
-    proc = subprocess.Popen([*DEVCLUSTER, "prepare"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-60:]
-        if line.startswith(("[cluster", "[k8s-build")):
-            say("  " + line.rstrip())
-    if proc.wait() != 0:
-        _prepare_error = "\n".join(tail)
-        say("cluster: prepare FAILED; tests using `cluster` will fail")
-    elif time.monotonic() - t0 > 5:
-        say(f"cluster: prepared in {time.monotonic() - t0:.0f}s")
+    steps = [("prepare", "binaries and images (python -m shoal.devcluster prepare; cached "
+              "after the first run)")]
+    if any("vllm_image" in getattr(item, "fixturenames", ()) for item in session.items):
+        steps.append(("image vllm", "the vLLM image (python -m shoal.devcluster image vllm; "
+                      "cached after the first run, ~15 min cold)"))
+    for step, what in steps:
+        say(f"cluster: preparing {what}")
+        t0 = time.monotonic()
+        proc = subprocess.Popen([*DEVCLUSTER, *step.split()], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-60:]
+            if line.startswith(("[cluster", "[k8s-build")):
+                say("  " + line.rstrip())
+        if proc.wait() != 0:
+            _prepare_error = f"`{step}` failed:\n" + "\n".join(tail)
+            say(f"cluster: {step} FAILED; tests using `cluster` will fail")
+            return
+        if time.monotonic() - t0 > 5:
+            say(f"cluster: {step} done in {time.monotonic() - t0:.0f}s")
 
 
 class Cluster:

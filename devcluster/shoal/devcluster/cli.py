@@ -5,7 +5,8 @@ The cluster with two nodes (root: network namespaces, mounts, cgroups):
   start | stop | status   bring it up detached (prints cluster.json), tear it down, show it
   demo --model DIR        start, install the chart and an example, wait for a completion
   supervise               the detached supervisor `start` runs (not for hands)
-  image TARGET            build one image: rootfs, base, pause or a Dockerfile target
+  image TARGET            build one image: rootfs, base, pause, a Dockerfile target, or vllm
+                          (images/vllm-cpu: stock vLLM for runtime VLLM; not part of prepare)
   resolve NAME            ask the cluster DNS for NAME
 
 The control plane alone (the operator tests' kind, for debugging):
@@ -47,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--kubectl", default=shutil.which("kubectl") or "kubectl")
     d.add_argument("--helm", default=shutil.which("helm") or "helm")
     i = sub.add_parser("image", help="build one image archive")
-    i.add_argument("target", choices=("rootfs", "base", "pause", "operator", "engine", "router"))
+    i.add_argument("target", choices=("rootfs", "base", "pause", "operator", "engine", "router",
+                                          "vllm"))
     r = sub.add_parser("resolve", help="ask the cluster DNS")
     r.add_argument("name")
     cp = sub.add_parser("control-plane", help="a control plane alone, state in DIR")
@@ -92,6 +94,10 @@ def image_command(target: str) -> int:
         images.ensure_base()
     elif target == "pause":
         print(images.build_pause(bin_dir() / "pause"))
+    elif target == "vllm":
+        from shoal.devcluster import vllm_image
+
+        print(vllm_image.build_vllm_image())
     else:
         print(images.build_target(target, images.TARGETS[target]))
     return 0

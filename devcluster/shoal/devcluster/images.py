@@ -39,7 +39,7 @@ ROOTFS_RECIPE = "1"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # What the Dockerfile copies (its build context after .dockerignore): the image's content hash.
 CONTEXT_PATHS = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "contract", "engine",
-                 "router", "operator", "fetch", "cli", "images/healthcheck.py")
+                 "router", "operator", "fetch", "cli", "supervisor", "images/healthcheck.py")
 # The Dockerfile's targets the cluster runs, by the name of the archive each is saved as.
 TARGETS = {"operator": OPERATOR_TAG, "engine": ENGINE_TAG, "router": ROUTER_TAG}
 
