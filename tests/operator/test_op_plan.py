@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
-from shoal.contract.termination import Cause, encode
+from shoal.contract.termination import Cause, encode, write_termination_message
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.actions import ApplyChildren, CreatePods, DeletePod, EmitEvent, WriteDiscovery
@@ -335,3 +338,51 @@ def test_a_due_restart_says_which_old_pods_it_waits_for():
         "restart 1 due; waiting for the old pods to stop: llm-g0-r0"
     early = case("backing off while an old rank")
     assert "message" not in _run(early).groups[0], "before it is due, the death's message stays"
+
+
+# ---- a stock vLLM's death as Shoal's supervisor reports it (supervisor_parts.py) ------------
+VLLM = engine("llm", "ns").groups(1).ranks(2).set(runtime="VLLM", image="vllm/vllm-openai:v0.32.0")
+
+
+def _supervised(cause: Cause, message: str, process: str, pid: int) -> str:
+    """The supervisor's message as written (its call: write_termination_message with process and
+    pid), i.e. real encode() output."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "termination-log"
+        assert write_termination_message(cause, message, rank=0, exit_code=1, path=str(path),
+                                         process=process, pid=pid)
+        return path.read_text()
+
+
+KILLED = _supervised(Cause.SIGNALED, "EngineCore_DP0 (pid 312, rank 0) killed by SIGKILL (9)\n"
+                     "then APIServer (pid 7, rank 0) exited with code 0", "EngineCore_DP0", 312)
+BAD_LEN = _supervised(Cause.CONFIG_ERROR, "APIServer (pid 7, rank 0) exited with code 1: "
+                      "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                      "ModelConfig\n  Value error, User-specified max_model_len (100000) is "
+                      "greater than the derived max_model_len", "APIServer", 7)
+
+
+@pytest.mark.parametrize("message, process, cause, phase, after", [
+    (KILLED, "EngineCore_DP0", "signaled", "BackingOff", "GroupRestarting"),
+    (BAD_LEN, "APIServer", "config_error", "Failed", "RestartSkipped"),
+])
+def test_a_supervised_death_names_its_process_and_restarts_by_its_cause(message, process, cause,
+                                                                       phase, after):
+    got = _run(Case("vllm", pods=[pod(0, 0, exit_code=1, message=message), pod(0, 1)],
+                    memory=[group(0, "Ready")], spec=VLLM))
+    (g,) = got.groups
+    assert g["phase"] == phase
+    lf = got.last_failure
+    assert (lf["process"], lf["cause"], lf["permanent"]) == (process, cause, phase == "Failed")
+    assert lf["message"] == json.loads(message)["message"]  # the supervisor's text, whole
+    events = {a.reason: a.message for a in got.actions if isinstance(a, EmitEvent)}
+    assert set(events) == {"EngineDied", after}
+    assert events["EngineDied"].startswith(f"group 0 rank 0 pod llm-g0-r0 process {process} "
+                                           f"died ({cause}, exit code 1")
+    assert f"rank 0 ({process})" in g["message"]
+    deleted = [a.pod for a in got.actions if isinstance(a, DeletePod)]
+    if phase == "Failed":  # not restarted: the failed pod stays for its logs, rank 1 stops
+        assert "not restarting" in g["message"] and f"on rank 0 ({process})" in events[after]
+        assert deleted == ["llm-g0-r1"] and got.restart_count == 0
+    else:
+        assert deleted == ["llm-g0-r0", "llm-g0-r1"] and got.restart_count == 1

@@ -59,3 +59,18 @@ def test_deleting_says_terminating_and_what_is_left():
 def test_scaled_to_zero_is_not_ready():
     phase, c = _summary(replicas=0, groups=[], serving=[], frontends_ready=1)
     assert c["Ready"]["reason"] == "ScaledToZero" and c["Ready"]["status"] == "False"
+
+
+def test_engine_dead_names_the_process_the_supervisor_named():
+    lf = {"group": 0, "rank": 0, "pod": "llm-g0-r0", "exitCode": 1, "cause": "signaled",
+          "permanent": False, "message": "EngineCore_DP0 (pid 312, rank 0) killed by SIGKILL (9)",
+          "process": "EngineCore_DP0"}
+    groups = [{"index": 0, "phase": "BackingOff", "message": "rank 0 (EngineCore_DP0) died"},
+              {"index": 1, "phase": "Ready"}]
+    _, c = _summary(groups=groups, last_failure=lf)
+    dead = c["EngineDead"]
+    assert (dead["status"], dead["reason"]) == ("True", "Signaled")
+    assert dead["message"].startswith("group 0 rank 0 pod llm-g0-r0 process EngineCore_DP0 "
+                                      "(signaled, exit code 1): EngineCore_DP0 (pid 312")
+    _, c = _summary(groups=groups, last_failure={k: v for k, v in lf.items() if k != "process"})
+    assert c["EngineDead"]["message"].startswith("group 0 rank 0 pod llm-g0-r0 (signaled")
