@@ -71,8 +71,19 @@ RUN python -m venv /opt/shoal \
  && /opt/shoal/bin/pip install "$(ls /wheels/shoal-*.whl)[router]" \
  && ! /opt/shoal/bin/python -c "import torch" 2>/dev/null
 
+# Shoal's supervisor for stock vLLM pods (shoal.contract.supervisor.BUNDLE_IN_IMAGE): a zipapp of
+# shoal.supervisor + shoal.contract (standard library only) that an engine pod's init container
+# copies out for the vLLM image's own python3.
+COPY contract/ /src/contract/
+COPY supervisor/ /src/supervisor/
+RUN PYTHONPATH=/src/contract:/src/supervisor python -m shoal.supervisor.bundle \
+      /opt/shoal-supervisor/shoal-supervisor.pyz \
+ && python -I -S -c "import sys; sys.path.insert(0, '/opt/shoal-supervisor/shoal-supervisor.pyz'); \
+      import shoal.supervisor.supervise, shoal.supervisor.bundle"
+
 FROM base AS router
 COPY --from=router-venv /opt/shoal /opt/shoal
+COPY --from=router-venv /opt/shoal-supervisor /opt/shoal-supervisor
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \

@@ -81,7 +81,6 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
             events.append((proc.ended, "end", proc))
     events.sort(key=lambda e: e[0])
 
-    root = _root_lines(log)
     if events and events[0][1] == "end":
         proc = events[0][2]
         culprit_pid, culprit_proc, culprit_log = proc.pid, proc, None
@@ -102,6 +101,8 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
         culprit_proc.ended is not None else "failed"
     lines = [f"{_label(name, culprit_pid, rank)} {how}" +
              (f": {culprit_log.first_exception.line}" if culprit_log else "")]
+    if culprit_log is not None:
+        lines.extend(f"  {more}" for more in culprit_log.first_exception.more)
     if culprit_proc is not child:
         child_name = process_name(child, child.pid, log, child.pid)
         lines.append(f"then {_label(child_name, child.pid, rank)} "
@@ -111,32 +112,37 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
         lines.append("also ended: " + "; ".join(
             f"{process_name(p, p.pid, log, child.pid)} (pid {p.pid}) {status.describe(p.status)}"
             for p in others))
+    root = _root_lines(log, culprit_log)
     lines.extend(root)
-    if not root:
+    if not root and culprit_log is None:
         lines.extend(f"log: {line}" for line in list(log.tail)[-4:])
-
-    cause = _cause(culprit_proc, culprit_log, root, log)
+    texts = root + ([culprit_log.first_exception.text()] if culprit_log else [])
+    cause = _cause(culprit_proc, culprit_log, texts, log)
     return Report(cause, "\n".join(lines), name, culprit_pid, rank, exit_code_for(child.status))
 
 
-def _root_lines(log: LogMemory) -> list[str]:
-    """What vLLM said first: argparse's error, then each process's first exception and ERROR
-    lines, first raised first (bounded)."""
+def _root_lines(log: LogMemory, shown: ProcLog | None) -> list[str]:
+    """What vLLM said first besides the culprit's exception (`shown`): argparse's error, each
+    other process's first exception, every process's first ERROR lines (bounded)."""
     lines = [log.usage_error] if log.usage_error else []
     for plog in log.exceptions():
-        who = f"{plog.name}" + (f" pid={plog.pid}" if plog.pid is not None else "")
-        lines.append(f"{who}: {plog.first_exception.text()}")
+        if plog is not shown:
+            lines.append(f"{_who(plog)}: {plog.first_exception.text()}")
     for plog in log.procs.values():
-        for err in plog.errors:
-            who = f"{plog.name}" + (f" pid={plog.pid}" if plog.pid is not None else "")
-            lines.append(f"{who}: {err}")
+        lines.extend(f"{_who(plog)}: {err}" for err in plog.errors)
     return lines[:MAX_ROOT_LINES]
 
 
-def _cause(proc: Proc | None, plog: ProcLog | None, root: list[str], log: LogMemory) -> Cause:
+def _who(plog: ProcLog) -> str:
+    return plog.name + (f" pid={plog.pid}" if plog.pid is not None else "")
+
+
+def _cause(proc: Proc | None, plog: ProcLog | None, texts: list[str], log: LogMemory) -> Cause:
+    """A killed process is `signaled`; else the first rule matching what vLLM said; else an
+    exception before vLLM served is `startup_error`, after it `engine_error`."""
     if plog is None and proc is not None and status.signaled(proc.status):
         return Cause.SIGNALED
-    matched = rules.classify(root)
+    matched = rules.classify(texts)
     if matched is not None:
         return matched
     if plog is not None:

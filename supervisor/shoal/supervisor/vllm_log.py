@@ -29,7 +29,7 @@ EXCEPTION = re.compile(r"(?P<type>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt
                        r"Fault|Warning)?)(: (?P<text>.*))?$")
 PROCESS_BANNER = re.compile(r"Process (?P<name>[\w-]+):$")  # multiprocessing's traceback header
 USAGE_ERROR = re.compile(r"[\w. /-]+: error: .*")  # argparse, printed before exit 2
-READY = "Application startup complete."  # uvicorn's line once the API server serves
+READY = ("Application startup complete.", "Starting vLLM server on ")  # it serves
 
 MAX_LINE = 1000  # characters kept of one line (the stream itself passes whole)
 MAX_PENDING = 16384  # bytes of an unfinished line kept for analysis
@@ -115,7 +115,7 @@ class LogMemory:
             body = text
             if USAGE_ERROR.fullmatch(body) and self.usage_error is None:
                 self.usage_error = body
-        if READY in body:
+        if any(marker in body for marker in READY):
             self.ready = True
         self._traceback(proc, body, stream)
 
