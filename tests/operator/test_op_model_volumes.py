@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from shoal.contract import model_fetch as mf
+from shoal.contract import supervisor as sv
 from shoal.operator import render, settings
 from shoal.operator.model_source import OCI_MOUNT_DIR, PVC_MOUNT_DIR
 from shoal.operator.model_volumes import FETCH_RESOURCES
@@ -40,11 +41,16 @@ def _env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
 
 
+def _model_inits(pod):
+    """The init containers besides the supervisor's (runtime VLLM: test_op_supervisor_parts)."""
+    return [c for c in pod["spec"].get("initContainers") or [] if c["name"] != sv.INIT_CONTAINER]
+
+
 def _model_parts(pod):
-    """(volumes, init container names, engine mounts) besides /dev/shm."""
-    vols = [v for v in pod["spec"]["volumes"] if v["name"] != "dshm"]
-    inits = [c["name"] for c in pod["spec"].get("initContainers") or []]
-    mounts = [m for m in _engine(pod)["volumeMounts"] if m["name"] != "dshm"]
+    """(volumes, init container names, engine mounts) besides /dev/shm and the supervisor's."""
+    vols = [v for v in pod["spec"]["volumes"] if v["name"] not in ("dshm", sv.VOLUME)]
+    inits = [c["name"] for c in _model_inits(pod)]
+    mounts = [m for m in _engine(pod)["volumeMounts"] if m["name"] not in ("dshm", sv.VOLUME)]
     return vols, inits, mounts
 
 
@@ -63,7 +69,7 @@ def test_hf_fetches_into_the_cache_and_serves_offline_from_it(runtime, cache):
         assert vols == [CACHE_VOLUMES[cache]] and inits == [mf.FETCH_CONTAINER]
         assert mounts == [{"name": mf.CACHE_VOLUME, "mountPath": mf.CACHE_MOUNT,
                            "readOnly": True}]
-        (fetch,) = pod["spec"]["initContainers"]
+        (fetch,) = _model_inits(pod)
         assert fetch["command"] == ["shoal", "fetch", "hf://Org/Model-7B@v1.2", "--cache-dir",
                                     mf.CACHE_DIR]
         assert fetch["image"] == ROUTER_IMAGE and fetch["resources"] == FETCH_RESOURCES
@@ -76,7 +82,7 @@ def test_hf_fetches_into_the_cache_and_serves_offline_from_it(runtime, cache):
         assert c["args"][:7] == ["serve", "Org/Model-7B", "--revision", "v1.2", "--download-dir",
                                  mf.CACHE_DIR, "--served-model-name"]
         assert c["args"][7] == "Org/Model-7B"
-        assert c["args"][0:1] == ["serve"] and (c.get("command") == ["vllm"]) == (
+        assert c["args"][0:1] == ["serve"] and (c.get("command") == sv.command(["vllm"])) == (
             runtime == "VLLM")
         env = _env(c)
         assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HUB_CACHE"] == mf.CACHE_DIR
@@ -111,7 +117,7 @@ def test_oci_copies_or_mounts_the_model_image(image_volumes, runtime):
                            "subPath": "models"}]
     else:
         assert vols == [{"name": "model", "emptyDir": {}}] and inits == ["model-image"]
-        (copy,) = pod["spec"]["initContainers"]
+        (copy,) = _model_inits(pod)
         assert copy["image"] == "reg.io/org/tiny:1" and copy["imagePullPolicy"] == "Always"
         assert copy["command"] == ["cp", "-a", "/models/.", OCI_MOUNT_DIR]
         assert copy["volumeMounts"] == [{"name": "model", "mountPath": OCI_MOUNT_DIR}]

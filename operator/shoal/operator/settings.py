@@ -2,8 +2,10 @@
 environment (the chart's values) and from the API server's version, and handed to every pass
 inside EngineSpec, so render stays a pure function of what it is given.
 
-- SHOAL_FETCH_IMAGE: the image of the `model-fetch` init container (hf://); it runs
-  `shoal fetch`. Default: the release's router image, which ships shoal.fetch.
+- SHOAL_FETCH_IMAGE: the Shoal router image of the operator's own init containers: the
+  `model-fetch` one (hf://: `shoal fetch`) and `install-supervisor` (runtime VLLM: it copies the
+  supervisor's bundle, shoal.contract.supervisor.BUNDLE_IN_IMAGE). Default: the release's router
+  image, which ships both.
 - SHOAL_OCI_MODE: how an oci:// model reaches the pod: `auto` (default) picks an image volume
   where the API server enables the ImageVolume feature by default (Kubernetes 1.35, beta),
   else an init container that copies the model out of the image; `copy` or `image-volume`
@@ -26,7 +28,7 @@ IMAGE_VOLUME_DEFAULT_SINCE = (1, 35)
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    fetch_image: str = ""  # "" = the release's router image (spec.ROUTER_IMAGE)
+    fetch_image: str = ""  # "" = the release's router image (render_common.shoal_init_image)
     image_volumes: bool = False  # oci:// as an image volume (else copied by an init container)
 
 
