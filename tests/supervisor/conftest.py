@@ -17,17 +17,18 @@ def bundle(tmp_path_factory) -> Path:
     return bundle_mod.build(tmp_path_factory.mktemp("bundle") / "shoal-supervisor.pyz")
 
 
-def supervisor_argv(bundle: Path, log: Path, *command: str) -> list[str]:
+def supervisor_argv(bundle: Path, log: Path, *command: str, python: str = sys.executable
+                    ) -> list[str]:
     """`-I -S`: no site-packages, no PYTHONPATH: only the standard library and the bundle."""
-    return [sys.executable, "-I", "-S", str(bundle), "--termination-log", str(log), "--",
-            *command]
+    return [python, "-I", "-S", str(bundle), "--termination-log", str(log), "--", *command]
 
 
-def start(bundle: Path, log: Path, *command: str, **kw) -> subprocess.Popen:
+def start(bundle: Path, log: Path, *command: str, python: str = sys.executable,
+          **kw) -> subprocess.Popen:
     log.write_text("")  # as in a pod: the file exists, empty
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(supervisor_argv(bundle, log, *command), **kw)
+    return subprocess.Popen(supervisor_argv(bundle, log, *command, python=python), **kw)
 
 
 def message(log: Path) -> dict | None:

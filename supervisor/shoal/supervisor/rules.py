@@ -35,7 +35,7 @@ KV_CACHE = ("ValueError: No available memory for the cache blocks. Try increasin
             "ValueError: To serve at least one request with the model's max seq len (256), "
             "(0.01 GiB KV cache is needed, which is larger than the available KV cache memory "
             "(0.0 GiB). Try increasing `gpu_memory_utilization`")
-OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:119] err == 0. DefaultCPUAllocator: can't "
+OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
        "allocate memory: you tried to allocate 70368744177664 bytes. Error code 12 (Cannot "
        "allocate memory)",)
 # Real lines of the same logs that name no fault.
