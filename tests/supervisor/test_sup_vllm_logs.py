@@ -105,3 +105,38 @@ def test_a_flag_vllm_refuses_is_a_config_error_with_argparses_line(case, says):
 ])
 def test_the_rank_is_vllms_node_rank(argv, rank):
     assert report.node_rank(argv) == rank
+
+
+def test_an_invalid_env_value_refused_at_config_time_is_a_config_error():
+    log = analysed("e2-kv-cache-env")  # VLLM_CPU_KVCACHE_SPACE=0.000001 (vLLM reads an int)
+    argv, child = ended_child("e2-kv-cache-env")
+    rep = report.build(argv, child, log, [child])
+    assert rep.cause == Cause.CONFIG_ERROR
+    assert "invalid literal for int() with base 10: '0.000001'" in rep.message
+
+
+@pytest.mark.parametrize("status, how, cause", [
+    (9, "killed by SIGKILL (9)", Cause.SIGNALED),
+    (None, "exit status not seen", Cause.UNEXPECTED_EXIT),  # its parent reaped it first
+])
+def test_a_killed_enginecore_is_named_not_the_api_servers_consequence(status, how, cause):
+    # The real log of `kill -9` of VLLM::EngineCore (pid 4000) while serving: the API server
+    # logs EngineDeadError and exits 0. The EngineCore's end is seen before that log arrives.
+    log = analysed("f-kill-enginecore")
+    [api] = log.exceptions()
+    assert api.name == "APIServer" and api.first_exception.line.startswith(
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+    assert log.procs[("APIServer", 3971)].errors[0] == "AsyncLLM output_handler failed."
+    core = Proc(pid=4000, ppid=3971, starttime="5", title="VLLM::EngineCore", ended=0.0,
+                status=status, seen_by="zombie" if status else "")
+    worker = Proc(pid=4039, ppid=4000, starttime="6", title="VLLM::Worker", ended=1e12,
+                  status=15, seen_by="waitpid")
+    argv, child = ended_child("f-kill-enginecore")
+    child = Proc(3971, 1, "1", child.title, ended=1e12, status=0, seen_by="waitpid")
+    rep = report.build(argv, child, log, [core, worker, child])
+    assert (rep.cause, rep.process, rep.pid, rep.exit_code) == (cause, "EngineCore", 4000, 1)
+    lines = rep.message.splitlines()
+    assert lines[:3] == [f"EngineCore (pid 4000, rank 0) {how}",
+                         "then APIServer (pid 3971, rank 0) exited with code 0",
+                         "also ended: Worker (pid 4039) killed by SIGTERM (15)"]
+    assert "APIServer pid=3971: vllm.v1.engine.exceptions.EngineDeadError" in rep.message

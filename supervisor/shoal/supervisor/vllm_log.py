@@ -104,7 +104,7 @@ class LogMemory:
             if record:
                 body = record["msg"]
                 if record["level"] in ("ERROR", "CRITICAL") and len(proc.errors) < MAX_ERRORS \
-                        and body.strip() and body != TRACEBACK:
+                        and _message_line(body) and not proc.in_traceback:
                     proc.errors.append(body.strip())
         else:
             banner = PROCESS_BANNER.match(text)
@@ -149,11 +149,10 @@ class LogMemory:
         return proc
 
     def name_of(self, pid: int) -> str | None:
-        """The name vLLM's log prefix gives `pid` (`EngineCore_DP0`), if it logged."""
-        for name, logged_pid in self.procs:
-            if logged_pid == pid:
-                return name
-        return None
+        """The name vLLM's log prefix gives `pid` (`EngineCore_DP0`), if it logged: the latest,
+        since a Worker logs as `VllmWorker-0` before it names itself `Worker_TP0`."""
+        names = [name for name, logged_pid in self.procs if logged_pid == pid]
+        return names[-1] if names else None
 
     def pid_of(self, name: str) -> int | None:
         """The pid vLLM's log prefix gives process `name`, if it logged."""
@@ -166,3 +165,8 @@ class LogMemory:
         """Processes with an exception, first raised first."""
         return sorted((p for p in self.procs.values() if p.first_exception),
                       key=lambda p: p.first_exception.seq)
+
+
+def _message_line(body: str) -> bool:
+    """A record's own first line, not a line of the traceback it carries."""
+    return bool(body.strip()) and not body.startswith((" ", "\t")) and TRACEBACK not in body
