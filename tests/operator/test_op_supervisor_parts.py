@@ -3,7 +3,10 @@ which pods get it, what it adds, in which order, and what a template may not nam
 
 from __future__ import annotations
 
+import kubernetes_validate
 import pytest
+from kubernetes_validate import utils
+from packaging.version import Version
 from shoal.contract import model_fetch as mf
 from shoal.contract import supervisor as sv
 from shoal.operator import labels as L
@@ -154,3 +157,18 @@ def test_a_templates_init_containers_run_after_the_operators():
     body = engine().set(model="hf://o/m", **VLLM).engine(
         template={"spec": {"initContainers": [warm]}})
     assert _inits(_pod(body.obj())) == [sv.INIT_CONTAINER, mf.FETCH_CONTAINER, "warm"]
+
+
+@pytest.mark.parametrize("model, opts", [("hf://Org/M@v1", None),
+                                         ("oci://reg.local/models/m:1", COPY)])
+def test_a_supervised_pod_is_a_valid_pod_for_kubernetes(model, opts):
+    """Schema-checked as the API server of every release from 1.27 would (names, fields, the
+    volume's mounts in both containers)."""
+    pod = _pod(engine().ranks(2).set(model=model, servedModelName="m", **VLLM).obj(), opts, 1)
+    names = {v["name"] for v in pod["spec"]["volumes"]}
+    for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        assert {m["name"] for m in c.get("volumeMounts") or []} <= names, c["name"]
+    versions = sorted({v for v in utils.all_versions() if Version(v) >= Version("1.27")},
+                      key=Version)
+    for v in versions:
+        kubernetes_validate.validate(pod, v, strict=True)
