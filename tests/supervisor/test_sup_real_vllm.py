@@ -111,10 +111,18 @@ def test_kill_9_of_the_enginecore_names_it_and_sigkill(tmp_path, bundle, vllm_py
             if sup.poll() is None:
                 sup.kill()
     msg = parse_termination_message(log.read_text())
-    assert code != 0 and msg.exit_code == code, (tmp_path / "vllm.log").read_text()[-3000:]
-    assert (msg.cause, msg.process, msg.pid, msg.rank) == (Cause.SIGNALED, "EngineCore", core, 0)
-    assert msg.message.startswith(f"EngineCore (pid {core}, rank 0) killed by SIGKILL (9)"), \
-        msg.message
+    assert code == 1 and msg.exit_code == 1, (tmp_path / "vllm.log").read_text()[-3000:]
+    assert (msg.process, msg.pid, msg.rank) == ("EngineCore", core, 0), msg.message
+    first, second = msg.message.splitlines()[:2]
+    assert second.startswith("then APIServer (pid ") and second.endswith("exited with code 0")
+    # The API server reaps its EngineCore within microseconds of its end: the zombie's status
+    # is read first only sometimes (docs/vllm-runtime.md, "The supervisor"). Right or unseen,
+    # never wrong.
+    assert (msg.cause, first) in (
+        (Cause.SIGNALED, f"EngineCore (pid {core}, rank 0) killed by SIGKILL (9)"),
+        (Cause.UNEXPECTED_EXIT, f"EngineCore (pid {core}, rank 0) exit status not seen"),
+    ), msg.message
+    print(f"kill -9 of the EngineCore: {first}")
 
 
 def test_max_model_len_above_the_models_is_a_config_error_in_vllms_words(tmp_path, bundle,

@@ -10,6 +10,7 @@ Statuses we reap ourselves (our child, orphans) are recorded from waitpid and al
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -63,6 +64,23 @@ def read_title(pid: int, comm: str) -> str:
         return comm
     title = raw.replace(b"\0", b" ").decode(errors="replace").strip()
     return title or comm
+
+
+# pidfd_open's PIDFD_THREAD (Linux 6.9, == O_EXCL): readable when the leader THREAD has exited.
+# A killed multi-threaded process (vLLM's EngineCore) shows its leader as a zombie, exit_code
+# set, while its other threads still tear down; its parent is told only after the last one. So
+# the leader's pidfd wakes us before the parent can reap, and the race is won more often.
+PIDFD_THREAD = os.O_EXCL
+
+
+def open_pidfd(pid: int) -> int:
+    """A pidfd for `pid`'s leader thread where the kernel has them, else for the process."""
+    try:
+        return os.pidfd_open(pid, PIDFD_THREAD)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return os.pidfd_open(pid)
 
 
 def field(fields: list[str], number: int) -> str:
@@ -122,7 +140,7 @@ class ProcWatch:
         if not self.pidfd:
             return
         try:
-            fd = os.pidfd_open(proc.pid)
+            fd = open_pidfd(proc.pid)
         except OSError:  # already gone, or a kernel before 5.3
             return
         self._fds[fd] = proc.pid
