@@ -140,3 +140,27 @@ def test_a_killed_enginecore_is_named_not_the_api_servers_consequence(status, ho
                          "then APIServer (pid 3971, rank 0) exited with code 0",
                          "also ended: Worker (pid 4039) killed by SIGTERM (15)"]
     assert "APIServer pid=3971: vllm.v1.engine.exceptions.EngineDeadError" in rep.message
+
+
+@pytest.mark.parametrize("case, process, pid, cause, first", [
+    # The Worker refuses a KV cache bigger than the node; EngineCore and API server follow.
+    ("e3-kv-space-too-big", "Worker", 6113, Cause.CONFIG_ERROR,
+     "ValueError: Available memory on node 0 (21.4/23.54 GiB) on kv cache allocation is less "
+     "than requested memory for kv (1000.0 GiB)."),
+    ("e4-kv-bytes-1", "EngineCore", 6417, Cause.CONFIG_ERROR,
+     "ValueError: No available memory for the cache blocks."),
+    # No lscpu on PATH: a start-up failure, not a configuration vLLM refused; transient.
+    ("g-no-compiler", "EngineCore", 4731, Cause.STARTUP_ERROR,
+     "subprocess.CalledProcessError: Command 'lscpu --json --extended=CPU,CORE,NODE --online' "
+     "returned non-zero exit status 127."),
+])
+def test_the_first_process_to_fail_is_named_not_the_api_servers_last_line(case, process, pid,
+                                                                           cause, first):
+    log = analysed(case)
+    argv, child = ended_child(case)
+    rep = report.build(argv, child, log, [child])
+    assert (rep.cause, rep.process, rep.pid, rep.exit_code) == (cause, process, pid, 1)
+    assert rep.message.startswith(f"{process} (pid {pid}, rank 0) failed: {first}"), rep.message
+    # The API server's own last word is there, after the root cause.
+    assert "RuntimeError: Engine core initialization failed. See root cause above." \
+        in rep.message

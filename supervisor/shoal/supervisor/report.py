@@ -125,8 +125,10 @@ def _root_lines(log: LogMemory, shown: ProcLog | None) -> list[str]:
     """What vLLM said first besides the culprit's exception (`shown`): argparse's error, each
     other process's first exception, every process's first ERROR lines (bounded)."""
     lines = [log.usage_error] if log.usage_error else []
-    for plog in log.exceptions():
-        if plog is not shown:
+    said = {shown.first_exception.line} if shown else set()
+    for plog in log.exceptions():  # a multiprocessing child's traceback is on stderr too
+        if plog.first_exception.line not in said:
+            said.add(plog.first_exception.line)
             lines.append(f"{_who(plog)}: {plog.first_exception.text()}")
     for plog in log.procs.values():
         lines.extend(f"{_who(plog)}: {err}" for err in plog.errors)

@@ -28,13 +28,19 @@ VALIDATION = "pydantic_core._pydantic_core.ValidationError: 1 validation error f
 USAGE = ("vllm: error: unrecognized arguments: --no-such-flag",
          "vllm serve: error: argument --dtype: invalid choice: 'fp7' (choose from 'auto', "
          "'bfloat16', 'float', 'float16', 'float32', 'half')")
-# vllm/v1/core/kv_cache_utils.py's two refusals (0.32.0).
+# vllm/v1/core/kv_cache_utils.py's two refusals (0.32.0); the first is e4-kv-bytes-1's, the
+# second as the source words it.
 KV_CACHE = ("ValueError: No available memory for the cache blocks. Try increasing "
             "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU "
-            "memory reservation on the CPU backend, despite its name).",
+            "memory reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
             "ValueError: To serve at least one request with the model's max seq len (256), "
             "(0.01 GiB KV cache is needed, which is larger than the available KV cache memory "
             "(0.0 GiB). Try increasing `gpu_memory_utilization`")
+# vllm/v1/worker/cpu_worker.py: a KV cache larger than the node's memory (e3-kv-space-too-big).
+CPU_KV = ("ValueError: Available memory on node 0 (21.4/23.54 GiB) on kv cache allocation is less "
+          "than requested memory for kv (1000.0 GiB). Decrease --kv-cache-memory-bytes, "
+          "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",)
 OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
        "allocate memory: you tried to allocate 70368744177664 bytes. Error code 12 (Cannot "
        "allocate memory)",)
@@ -44,7 +50,9 @@ ULIMIT = ("Found ulimit of 20000 and failed to automatically increase with error
           "many open files`. Consider increasing with ulimit -n")
 ARCH_OK = "Resolved architecture: LlamaForCausalLM"
 MODEL_LEN_OK = "Using max model len 256"
-KV_CACHE_OK = ("Maximum concurrency for 256 tokens per request: 1.00x",)
+KV_CACHE_OK = ("CPU KV cache size: 524,288 tokens, Maximum concurrency for 256 tokens per "
+               "request: 2048.00x",
+               "Explicitly set (1.0/19.59) GiB for KV cache on node 0.")
 CONSEQUENCE = ("RuntimeError: Engine core initialization failed. See root cause above. Failed "
                "core proc(s): {}")
 
@@ -59,6 +67,8 @@ RULES: tuple[TextRule, ...] = (
                         r"To serve at least one request with the model's max seq len \(\d+\), "
                         r"\([\d.]+ GiB KV cache is needed, which is larger than the available"),
              Cause.CONFIG_ERROR, KV_CACHE, KV_CACHE_OK),
+    TextRule(re.compile(r"on kv cache allocation is less than requested memory for kv"),
+             Cause.CONFIG_ERROR, CPU_KV, (*KV_CACHE_OK, ULIMIT)),
     TextRule(re.compile(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'|"
                         r"Invalid repository ID or local directory specified|"
                         r"is not a local folder and is not a valid model identifier|"
