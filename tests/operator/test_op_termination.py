@@ -117,3 +117,16 @@ def test_permanent_text_rules_are_only_the_specific_ones():
     assert {r.cause for r in permanent} == {Cause.CONFIG_ERROR, Cause.MODEL_NOT_FOUND}
     for phrase in ("No such file or directory", "does not exist", "ValueError: x must be"):
         assert not any(r.pattern.search(phrase) for r in permanent), phrase
+
+
+def test_a_supervisor_names_the_process_that_died_and_its_pid(tmp_path):
+    # The supervisor in front of a stock vLLM writes for another process: `process` and `pid`
+    # are that process's, not the writer's.
+    path = tmp_path / "termination-log"
+    assert write_termination_message(Cause.SIGNALED, "EngineCore (pid 40) killed by SIGKILL (9)",
+                                     rank=1, exit_code=1, path=str(path),
+                                     process="EngineCore", pid=40)
+    msg = parse_termination_message(path.read_text())
+    assert (msg.cause, msg.process, msg.pid, msg.rank, msg.exit_code) == (
+        Cause.SIGNALED, "EngineCore", 40, 1, 1)
+    assert list(json.loads(path.read_text()))[-1] == "process"  # appended: last on the wire
