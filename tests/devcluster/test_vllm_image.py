@@ -68,3 +68,11 @@ def test_the_build_installs_offline_from_the_mounted_wheels() -> None:
     installs = [ln for ln in DOCKERFILE.splitlines() if "pip install" in ln]
     assert len(installs) == 2 and all("--no-index --no-deps" in ln for ln in installs)
     assert vllm_image.WHEELS_MOUNT in DOCKERFILE
+
+
+def test_the_command_line_builds_it_only_when_asked() -> None:
+    from shoal.devcluster.cli import parser
+
+    assert parser().parse_args(["image", "vllm"]).target == "vllm"
+    assert parser().parse_args(["prepare", "--vllm"]).vllm is True
+    assert parser().parse_args(["prepare"]).vllm is False

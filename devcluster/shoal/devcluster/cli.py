@@ -1,7 +1,8 @@
 """`python -m shoal.devcluster COMMAND`: the dev cluster's one command line.
 
 The cluster with two nodes (root: network namespaces, mounts, cgroups):
-  prepare                 build what is missing: Kubernetes binaries and the images
+  prepare [--vllm]        build what is missing: Kubernetes binaries and the images
+                          (--vllm: the vLLM image too)
   start | stop | status   bring it up detached (prints cluster.json), tear it down, show it
   demo --model DIR        start, install the chart and an example, wait for a completion
   supervise               the detached supervisor `start` runs (not for hands)
@@ -37,8 +38,10 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build.sh: Kubernetes from Debian's source")
     b.add_argument("sets", nargs="*", metavar="SET",
                    help="control-plane (the default), node, all, packages")
-    for name, help_ in (("prepare", "build what is missing: binaries and images"),
-                        ("start", "start the cluster detached; prints cluster.json"),
+    pr = sub.add_parser("prepare", help="build what is missing: binaries and images")
+    pr.add_argument("--vllm", action="store_true",
+                    help="also the vLLM image (images/vllm-cpu, ~3 GB; for runtime VLLM tests)")
+    for name, help_ in (("start", "start the cluster detached; prints cluster.json"),
                         ("stop", "stop the cluster and remove it from the host"),
                         ("status", "cluster.json of the running cluster"),
                         ("supervise", "the detached supervisor `start` runs")):
@@ -110,6 +113,10 @@ def cluster_command(args: argparse.Namespace) -> int:
         return cluster.supervise()
     if args.cmd == "prepare":
         cluster.prepare()
+        if args.vllm:
+            from shoal.devcluster import vllm_image
+
+            vllm_image.build_vllm_image()
         return 0
     if args.cmd == "start":
         print(json.dumps(cluster.start(), indent=2))
