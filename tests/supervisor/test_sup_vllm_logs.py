@@ -54,7 +54,8 @@ def test_a_start_up_fault_is_named_with_vllms_own_words(case, cause, first_line,
     rep = report.build(argv, child, log, [child])
     assert (rep.cause, rep.process, rep.pid, rep.rank, rep.exit_code) == \
         (cause, "APIServer", 4242, 0, 1)
-    assert rep.message.startswith(f"APIServer (pid 4242, rank 0) exited with code 1: {first_line}")
+    assert rep.message.startswith(f"APIServer (pid 4242, rank 0) failed: {first_line}")
+    assert "\nthen APIServer (pid 4242, rank 0) exited with code 1" in rep.message
     assert says in rep.message
 
 

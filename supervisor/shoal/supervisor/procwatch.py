@@ -163,7 +163,11 @@ class ProcWatch:
         proc = self.procs[pid]
         if proc.ended is None:
             proc.ended = time.monotonic()
+        if stat is not None and not proc.title.startswith(TITLE_PREFIX) \
+                and stat[0].startswith(TITLE_PREFIX):
+            proc.title = stat[0]  # titled after our last scan: setproctitle sets comm too
         if proc.seen_by:
+            self._forget(proc)
             return
         if stat is not None and field(stat[1], 22) == proc.starttime \
                 and field(stat[1], 3) in ("Z", "X"):
@@ -171,6 +175,13 @@ class ProcWatch:
                 proc.status, proc.seen_by = int(field(stat[1], 52)), "zombie"
             except ValueError:
                 pass
+        self._forget(proc)
+
+    def _forget(self, proc: Proc) -> None:
+        """Ended processes that are not vLLM's (compiler runs, lscpu) are dropped: the report
+        ignores them, and a long-lived vLLM must not grow our memory."""
+        if proc.ended is not None and not proc.title.startswith(TITLE_PREFIX):
+            self.procs.pop(proc.pid, None)
 
     def reaped(self, pid: int, status: int, ppid: int) -> Proc:
         """A status we reaped ourselves (our child, or an orphan): always the true one."""
@@ -187,15 +198,17 @@ class ProcWatch:
         stat_fd = self._stat_fds.pop(pid, None)
         if stat_fd is not None:
             os.close(stat_fd)
+        self._forget(proc)  # the caller keeps the one it needs (our child)
         return proc
 
     def gone(self) -> None:
         """Processes that left /proc without their pidfd (no pidfd support): ended, not seen."""
         watched = set(self._fds.values())
         now = time.monotonic()
-        for pid, proc in self.procs.items():
+        for pid, proc in list(self.procs.items()):
             if proc.ended is None and pid not in watched and read_stat(pid) is None:
                 proc.ended = now
+                self._forget(proc)
 
     def ended(self) -> list[Proc]:
         """Ended descendants, first seen ending first."""

@@ -97,12 +97,16 @@ def build(argv: list[str], child: Proc, log: LogMemory, ended: list[Proc]) -> Re
     if culprit_log is not None and culprit_pid is None:
         name = culprit_log.name
 
-    how = status.describe(culprit_proc.status) if culprit_proc is not None and \
-        culprit_proc.ended is not None else "failed"
-    lines = [f"{_label(name, culprit_pid, rank)} {how}" +
-             (f": {culprit_log.first_exception.line}" if culprit_log else "")]
-    if culprit_log is not None:
+    label = _label(name, culprit_pid, rank)
+    ended_how = status.describe(culprit_proc.status) if culprit_proc is not None and \
+        culprit_proc.ended is not None else None
+    if culprit_log is None:
+        lines = [f"{label} {ended_how or 'failed'}"]
+    else:  # what it raised first, then how it ended (its exception, not the signal, is why)
+        lines = [f"{label} failed: {culprit_log.first_exception.line}"]
         lines.extend(f"  {more}" for more in culprit_log.first_exception.more)
+        if ended_how:
+            lines.append(f"then {label} {ended_how}")
     if culprit_proc is not child:
         child_name = process_name(child, child.pid, log, child.pid)
         lines.append(f"then {_label(child_name, child.pid, rank)} "
