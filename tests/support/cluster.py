@@ -174,9 +174,10 @@ def pytest_runtest_makereport(item, call):
 def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
                      tensor_parallel: int = 1, shutdown_s: int = 10, extra_args=None,
                      backoff_base: int = 2, max_model_len: int = 1024, model: str | None = None,
-                     **spec) -> dict:
+                     engine_overrides: dict | None = None, **spec) -> dict:
     """An InferenceEngine serving the project's tiny model from the nodes' hostPath (built with
-    the suite's one builder, support.builders); `model` (hf://, oci://) replaces that volume."""
+    the suite's one builder, support.builders); `model` (hf://, oci://) replaces that volume;
+    `engine_overrides` replaces `spec.engine` fields (resources, env)."""
     b = (engine(name, namespace=None)
          .set(model=model or f"{MODEL_MOUNT}/shoal-tiny", servedModelName="shoal-tiny",
               image=ENGINE_IMAGE))
@@ -187,8 +188,9 @@ def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
             .engine(extraArgs=["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
                                *(extra_args or [])],
                     startupTimeoutSeconds=300,
-                    resources={"requests": {"cpu": "100m", "memory": "256Mi"},
-                               "limits": {"memory": "4Gi"}})
+                    **{"resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                     "limits": {"memory": "4Gi"}},
+                       **(engine_overrides or {})})
             .frontend(replicas=1, resources={"requests": {"cpu": "50m", "memory": "64Mi"}})
             .restart(backoffBaseSeconds=backoff_base, backoffMaxSeconds=30)
             .set(**spec)
