@@ -1,11 +1,13 @@
 """Every descendant of the supervisor, its title, and how it ended.
 
 vLLM's processes (`VLLM::EngineCore`, `VLLM::Worker_TP0`: setproctitle titles) are reaped by
-their own parents, so their exit status never reaches us through waitpid. A pidfd becomes
-readable when its process ends; /proc/PID/stat of the zombie then still holds field 52
-(exit_code, in waitpid's format) until the parent reaps it. That is a race with the parent:
-what was seen is recorded, and a lost race says "exit status not seen" (status None).
-Statuses we reap ourselves (our child, orphans) are recorded from waitpid and always known.
+their own parents, so their exit status never reaches us through plain waitpid. Two ways:
+- traced (shoal.supervisor.tracer, PTRACE_SEIZE once a process has its VLLM:: title): its end
+  is reported to our waitpid before its parent's, always;
+- else a pidfd: readable when the process ends; /proc/PID/stat of the zombie then still holds
+  field 52 (exit_code, in waitpid's format) until the parent reaps it. That is a race with the
+  parent: what was seen is recorded, a lost race says "exit status not seen" (status None).
+Statuses we reap ourselves (our child, orphans, tracees) are recorded from waitpid.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import errno
 import os
 import time
 from dataclasses import dataclass
+
+from shoal.supervisor import tracer
 
 TITLE_PREFIX = "VLLM::"
 
@@ -29,6 +33,7 @@ class Proc:
     ended: float | None = None  # monotonic time its end was seen
     status: int | None = None
     seen_by: str = ""  # "waitpid", "zombie" or "" (lost the race)
+    traced: bool = False  # shoal.supervisor.tracer: its end is reported to us first
 
     @property
     def name(self) -> str:
@@ -123,6 +128,7 @@ class ProcWatch:
             if known is not None and known.starttime == field(fields, 22):
                 if known.ended is None and field(fields, 3) != "Z":
                     known.title = read_title(pid, comm)
+                    self._trace(known)
                 continue
             self._track(Proc(pid, parents[pid], field(fields, 22), read_title(pid, comm)))
 
@@ -135,8 +141,15 @@ class ProcWatch:
                 return True
         return False
 
+    def _trace(self, proc: Proc) -> None:
+        """vLLM's own processes (titled `VLLM::`; not our child, whose status we reap anyway)
+        are traced, so that their exit status comes to us before their parent."""
+        if not proc.traced and proc.title.startswith(TITLE_PREFIX):
+            proc.traced = tracer.seize(proc.pid)
+
     def _track(self, proc: Proc) -> None:
         self.procs[proc.pid] = proc
+        self._trace(proc)
         if not self.pidfd:
             return
         try:

@@ -10,6 +10,8 @@ import ctypes
 import ctypes.util
 import os
 
+from shoal.supervisor import tracer
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
@@ -24,7 +26,8 @@ def set_subreaper() -> bool:
 
 
 def reap() -> list[tuple[int, int]]:
-    """Every child that has ended, as (pid, waitpid status); never blocks."""
+    """Every child or tracee (shoal.supervisor.tracer) that has ended, as (pid, waitpid
+    status); a tracee's ptrace-stop is resumed at once. Never blocks."""
     reaped = []
     while True:
         try:
@@ -33,4 +36,7 @@ def reap() -> list[tuple[int, int]]:
             return reaped
         if pid == 0:
             return reaped
+        if os.WIFSTOPPED(status):
+            tracer.resume(pid, status)
+            continue
         reaped.append((pid, status))
