@@ -117,7 +117,9 @@ def build_vllm_image() -> Path:
                 f"--build-arg=VLLM_VERSION={VLLM_VERSION}",
                 "-t", VLLM_TAG, str(CONTEXT)],
                logp, what="image vllm: build", heartbeat=60)
-    return images._save_archive(VLLM_TAG, archive, f"{ARCHIVE_PREFIX}-*.tar", "image vllm")
+    archive = images._save_archive(VLLM_TAG, archive, f"{ARCHIVE_PREFIX}-*.tar", "image vllm")
+    images.prune_store()  # the previous build's 3 GB layer chain
+    return archive
 
 
 def ensure_vllm_image() -> tuple[Path, str]:
