@@ -15,7 +15,7 @@ import pytest
 from shoal.devcluster import vllm_image as image
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_image(cluster) -> str:
     """The vLLM image's tag, held by every node of the cluster."""
     image.ensure_vllm_image()
