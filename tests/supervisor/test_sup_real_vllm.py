@@ -115,13 +115,11 @@ def test_kill_9_of_the_enginecore_names_it_and_sigkill(tmp_path, bundle, vllm_py
     assert (msg.process, msg.pid, msg.rank) == ("EngineCore", core, 0), msg.message
     first, second = msg.message.splitlines()[:2]
     assert second.startswith("then APIServer (pid ") and second.endswith("exited with code 0")
-    # The API server reaps its EngineCore within microseconds of its end: the zombie's status
-    # is read first only sometimes (docs/vllm-runtime.md, "The supervisor"). Right or unseen,
-    # never wrong.
-    assert (msg.cause, first) in (
-        (Cause.SIGNALED, f"EngineCore (pid {core}, rank 0) killed by SIGKILL (9)"),
-        (Cause.UNEXPECTED_EXIT, f"EngineCore (pid {core}, rank 0) exit status not seen"),
-    ), msg.message
+    # Traced (shoal.supervisor.tracer), the EngineCore's status comes to us before the API
+    # server reaps it; untraced the zombie's status is gone first 3 times in 4 (measured).
+    assert (msg.cause, first) == (
+        Cause.SIGNALED, f"EngineCore (pid {core}, rank 0) killed by SIGKILL (9)"), \
+        f"{msg.message}\n(is ptrace refused here? /proc/sys/kernel/yama/ptrace_scope)"
     print(f"kill -9 of the EngineCore: {first}")
 
 
