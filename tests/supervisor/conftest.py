@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,14 +22,15 @@ def supervisor_argv(bundle: Path, log: Path, *command: str, python: str = sys.ex
     return [python, "-I", "-S", str(bundle), "--termination-log", str(log), "--", *command]
 
 
-def start(bundle: Path, log: Path, *command: str, python: str = sys.executable,
-          **kw) -> subprocess.Popen:
+def _start(bundle: Path, log: Path, *command: str, python: str = sys.executable,
+           **kw) -> subprocess.Popen:
     log.write_text("")  # as in a pod: the file exists, empty
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(supervisor_argv(bundle, log, *command, python=python), **kw)
 
 
-def message(log: Path) -> dict | None:
-    text = log.read_text()
-    return json.loads(text) if text else None
+@pytest.fixture
+def start():
+    """`start(bundle, log, *command, python=..., **popen)`: the supervisor running `command`."""
+    return _start

@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import start
 from shoal.contract.termination import Cause, parse_termination_message
 from support.models import cache_dir
 from support.net import free_port
@@ -40,7 +39,7 @@ def home() -> Path:
     return path
 
 
-def serve(vllm_python, bundle, home, log, tiny_model, *extra, out=None):
+def serve(start, vllm_python, bundle, home, log, tiny_model, *extra, out=None):
     port = free_port()
     argv = [str(vllm_python), "-m", "vllm.entrypoints.cli.main", "serve", tiny_model,
             "--port", str(port), *extra]
@@ -96,11 +95,11 @@ def complete(port: int, model: str) -> dict:
         return json.loads(r.read())
 
 
-def test_kill_9_of_the_enginecore_names_it_and_sigkill(tmp_path, bundle, vllm_python, home,
+def test_kill_9_of_the_enginecore_names_it_and_sigkill(start, tmp_path, bundle, vllm_python, home,
                                                        tiny_model):
     log = tmp_path / "termination-log"
     with open(tmp_path / "vllm.log", "wb") as out:
-        sup, port = serve(vllm_python, bundle, home, log, tiny_model, out=out)
+        sup, port = serve(start, vllm_python, bundle, home, log, tiny_model, out=out)
         try:
             wait_ready(sup, port)
             assert complete(port, tiny_model)["choices"]
@@ -123,13 +122,13 @@ def test_kill_9_of_the_enginecore_names_it_and_sigkill(tmp_path, bundle, vllm_py
     print(f"kill -9 of the EngineCore: {first}")
 
 
-def test_max_model_len_above_the_models_is_a_config_error_in_vllms_words(tmp_path, bundle,
+def test_max_model_len_above_the_models_is_a_config_error_in_vllms_words(start, tmp_path, bundle,
                                                                          vllm_python, home,
                                                                          tiny_model):
     log = tmp_path / "termination-log"
     with open(tmp_path / "vllm.log", "wb") as out:
-        sup, _ = serve(vllm_python, bundle, home, log, tiny_model, "--max-model-len", "100000",
-                       out=out)
+        sup, _ = serve(start, vllm_python, bundle, home, log, tiny_model, "--max-model-len",
+                       "100000", out=out)
         code = sup.wait(timeout=READY_TIMEOUT)
     msg = parse_termination_message(log.read_text())
     assert code == 1 and msg.exit_code == 1, (tmp_path / "vllm.log").read_text()[-3000:]
@@ -139,11 +138,11 @@ def test_max_model_len_above_the_models_is_a_config_error_in_vllms_words(tmp_pat
            "(max_position_embeddings=2048" in msg.message
 
 
-def test_sigterm_drains_and_exits_0_with_no_message(tmp_path, bundle, vllm_python, home,
+def test_sigterm_drains_and_exits_0_with_no_message(start, tmp_path, bundle, vllm_python, home,
                                                     tiny_model):
     log = tmp_path / "termination-log"
     with open(tmp_path / "vllm.log", "wb") as out:
-        sup, port = serve(vllm_python, bundle, home, log, tiny_model, out=out)
+        sup, port = serve(start, vllm_python, bundle, home, log, tiny_model, out=out)
         try:
             wait_ready(sup, port)
             assert complete(port, tiny_model)["choices"]
