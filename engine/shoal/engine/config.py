@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from shoal.engine.errors import ConfigError, ModelNotFoundError
+from shoal.engine.kv_events_config import KVEventsConfig, parse_kv_events_config
 
 GiB = 1 << 30
 # The KV cache budget in GiB when no flag is given: Shoal's own, then vLLM's CPU variable (read
@@ -120,6 +121,9 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"  # node 0's address: torch.distributed and the step broadcast
     master_port: int = 29500  # torch.distributed's store; the group's control link uses +1
+    # vLLM's --kv-events-config (kv_events_config.py): a KVEventsConfig, or its JSON text or
+    # dict (normalised here). None or disabled: the engine builds no events at all.
+    kv_events_config: KVEventsConfig | None = None
     architectures: tuple[str, ...] = ()  # derived from config.json
     model_max_len: int = 0  # derived: the model's own context length
 
@@ -143,6 +147,8 @@ class EngineConfig:
                 _fail(f"{self.model}/config.json has no max_position_embeddings; pass "
                       "max_model_len explicitly.")
             object.__setattr__(self, "max_model_len", model_len)
+        object.__setattr__(self, "kv_events_config",
+                           parse_kv_events_config(self.kv_events_config))
         if self.kv_cache_memory_bytes is None:  # on CUDA (or auto) only Shoal's own variable
             object.__setattr__(self, "kv_cache_memory_bytes", cpu_kv_cache_bytes()
                                if self.device == "cpu" else _kv_bytes_from_env(on_cpu=False))

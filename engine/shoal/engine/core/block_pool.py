@@ -6,11 +6,16 @@
   first (LIFO: their contents are worthless); cached blocks are freed to the back and evicted
   from the front, oldest first (LRU), so useful prefixes survive as long as possible.
 - A block with ref_cnt > 0 is in use by that many requests and never in the free queue.
+- KV events (core/kv_events.py): `events` is None unless the engine publishes them, and then
+  collects BlockRemoved (evictions from the index) and AllBlocksCleared (a reset) until the
+  engine takes them after its step; the KV cache manager adds BlockStored. None costs nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from shoal.engine.core import kv_events
 
 
 class KVBlock:
@@ -83,6 +88,15 @@ class BlockPool:
         self.null_block.ref_cnt = 1  # permanently in use: never freed, never handed out
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[int, KVBlock] = {}  # block hash -> block holding those tokens
+        self.events: list | None = None  # KV events of this step; None: none are built
+
+    def enable_events(self) -> None:
+        self.events = []
+
+    def take_events(self) -> list:
+        """The events since the last call (the engine publishes them once a step)."""
+        out, self.events = self.events, []
+        return out
 
     @property
     def num_free_blocks(self) -> int:
@@ -98,19 +112,27 @@ class BlockPool:
         """Take n blocks from the free queue (evicting their cached contents), ref_cnt 1."""
         if n > self.num_free_blocks:
             raise ValueError(f"asked for {n} blocks with only {self.num_free_blocks} free")
-        out = []
+        out, removed = [], None
         for _ in range(n):
             block = self.free_queue.popleft()
-            self._evict(block)
+            if block.block_hash is not None:
+                gone = self._evict(block)
+                if gone is not None and self.events is not None:
+                    removed = removed or []
+                    removed.append(gone)
             block.ref_cnt = 1
             out.append(block)
+        if removed:
+            self.events.append(kv_events.block_removed(removed))
         return out
 
-    def _evict(self, block: KVBlock) -> None:
-        if block.block_hash is not None:
-            if self.cached.get(block.block_hash) is block:
-                del self.cached[block.block_hash]
-            block.block_hash = None
+    def _evict(self, block: KVBlock) -> int | None:
+        """Drop the block's hash; the hash when it left the index (a duplicate was not in it)."""
+        block_hash, block.block_hash = block.block_hash, None
+        if self.cached.get(block_hash) is block:
+            del self.cached[block_hash]
+            return block_hash
+        return None
 
     def lookup(self, block_hash: int) -> KVBlock | None:
         return self.cached.get(block_hash)
@@ -122,12 +144,13 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_block(self, block: KVBlock, block_hash: int) -> None:
-        """Index a full block under its chained hash (first writer wins on duplicates)."""
+    def cache_block(self, block: KVBlock, block_hash: int) -> bool:
+        """Index a full block under its chained hash (first writer wins on duplicates); whether
+        the hash entered the index (what a BlockStored event reports)."""
         if block.block_hash is not None:
-            return
+            return False
         block.block_hash = block_hash
-        self.cached.setdefault(block_hash, block)
+        return self.cached.setdefault(block_hash, block) is block
 
     def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference from each block; blocks that reach 0 go back to the free queue.
@@ -150,4 +173,6 @@ class BlockPool:
         for block in self.blocks[1:]:
             block.block_hash = None
         self.cached.clear()
+        if self.events is not None:
+            self.events.append(kv_events.AllBlocksCleared())
         return True

@@ -5,6 +5,8 @@ and every block table) and the executor; it knows nothing about sockets or proce
 update from output, returning a StepOutput (core/sched_output.py). The process half of the pair
 (core/engine_core_proc/busy_loop.py) calls `add_request`, `abort_requests` / `enqueue_aborts`
 and `step()`; `InprocClient` (core_client/inproc.py) calls them directly.
+With --kv-events-config enabled it also owns the KV event publisher (kv_event_publisher.py):
+the prefix-cache changes of each step, and of a reset, go out as one KVEventBatch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
+from shoal.engine.core.kv_events import KVEventBatch
 from shoal.engine.core.request import Request, RequestStatus
 from shoal.engine.core.request_queue import check_policy
 from shoal.engine.core.sched_output import StepOutput
@@ -77,10 +80,37 @@ class EngineCore:
             structured_output_manager=self.structured_output_manager,
             policy=scheduling_policy,
         )
+        self.kv_event_publisher = self._start_kv_events(config)
         self._pending_aborts: list[str] = []
         self._aborts_lock = threading.Lock()
         log.info("engine core ready: %d KV blocks of %d tokens, max_model_len %d",
                  self.num_blocks, self.block_size, self.max_model_len)
+
+    def _start_kv_events(self, config: EngineConfig):
+        """The publisher, with the block pool collecting events, or None (nothing built)."""
+        events = config.kv_events_config
+        if events is None or not events.publishes:
+            if events is not None and events.publisher == "zmq":
+                log.warning("KV cache events are disabled (enable_kv_cache_events false) but "
+                            "--kv-events-config names a publisher: nothing is published")
+            return None
+        if not config.enable_prefix_caching:
+            log.warning("KV cache events are on, but prefix caching is not enabled: no block "
+                        "is ever stored, so no event is published (--enable-prefix-caching)")
+        from shoal.engine.core.kv_event_publisher import ZmqEventPublisher
+
+        try:
+            publisher = ZmqEventPublisher(events)
+        except BaseException:
+            self.model_executor.shutdown()
+            raise
+        self.scheduler.kv.pool.enable_events()
+        return publisher
+
+    def _publish_kv_events(self) -> None:
+        events = self.scheduler.kv.pool.take_events()
+        if events:
+            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
 
     # -- requests ------------------------------------------------------------------------
 
@@ -162,6 +192,8 @@ class EngineCore:
         # Aborts that arrived during the forward pass take effect on this same step.
         self._process_aborts_queue()
         step = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self.kv_event_publisher is not None:
+            self._publish_kv_events()
         step.scheduler_stats = self.make_stats()
         step.scheduler_stats.first_scheduled = first_scheduled
         return step
@@ -194,7 +226,10 @@ class EngineCore:
                 "num_cached_blocks": len(pool.cached)}
 
     def reset_prefix_cache(self) -> bool:
-        return self.scheduler.kv.reset_prefix_cache()
+        done = self.scheduler.kv.reset_prefix_cache()
+        if self.kv_event_publisher is not None:
+            self._publish_kv_events()  # AllBlocksCleared now, not at the next step
+        return done
 
     def get_engine_info(self) -> dict:
         """What a frontend learns at start-up (vLLM's ready response)."""
@@ -207,3 +242,5 @@ class EngineCore:
     def shutdown(self) -> None:
         self.structured_output_manager.shutdown()
         self.model_executor.shutdown()
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()

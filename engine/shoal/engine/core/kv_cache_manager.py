@@ -10,11 +10,14 @@ Contract with the scheduler:
 - `free(request)` releases every block of a finished or preempted request. It is idempotent.
 - `block_ids(request_id)` is the request's block table, in order.
 Full blocks are indexed under chained hashes hash(parent_hash, tokens) as soon as the step
-that writes them is scheduled, so later requests sharing the prefix hit them.
+that writes them is scheduled, so later requests sharing the prefix hit them. With KV events
+on (`pool.events` not None) each run of blocks that entered the index is one BlockStored
+(core/kv_events.py); with them off nothing is built.
 """
 
 from __future__ import annotations
 
+from shoal.engine.core import kv_events
 from shoal.engine.core.block_pool import BlockPool, KVBlock
 from shoal.engine.core.request import Request
 
@@ -95,9 +98,25 @@ class KVCacheManager:
         if full <= done:
             return
         self._update_hashes(request)
-        for i in range(done, full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i])
+        if self.pool.events is None:
+            for i in range(done, full):
+                self.pool.cache_block(blocks[i], request.block_hashes[i])
+        else:
+            self._cache_and_report(request, blocks, done, full)
         self.num_cached_blocks[rid] = full
+
+    def _cache_and_report(self, request: Request, blocks: list[KVBlock], done: int,
+                          full: int) -> None:
+        """Index blocks [done, full) and report each unbroken run of those that entered the
+        index (a block whose tokens another block already holds breaks a run)."""
+        hashes, start = request.block_hashes, None
+        for i in range(done, full + 1):
+            if i < full and self.pool.cache_block(blocks[i], hashes[i]):
+                start = i if start is None else start
+            elif start is not None:
+                self.pool.events.append(kv_events.block_stored(
+                    hashes, start, i, request.all_token_ids, self.block_size))
+                start = None
 
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.request_id, None)

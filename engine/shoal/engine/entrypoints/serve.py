@@ -224,7 +224,7 @@ def _engine_config(args):
             num_threads=args.num_threads, max_logprobs=args.max_logprobs,
             tensor_parallel_size=args.tensor_parallel_size,
             nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-            master_port=args.master_port)
+            master_port=args.master_port, kv_events_config=args.kv_events_config)
     except ValueError as exc:  # errors.ConfigError: known at start-up, permanent
         from shoal.contract.termination import Cause
         from shoal.engine.errors import ModelNotFoundError

@@ -78,7 +78,7 @@ SPEC = "speculative decoding is not implemented"
 QUANT = "quantized weights are not implemented (bfloat16, float16 and float32 only)"
 CP = "context parallelism is not implemented; shoal splits a model with --tensor-parallel-size"
 OFFLOAD = "weight and KV offloading are not implemented"
-KV_TRANSFER = "KV transfer and events (disaggregated prefill, LMCache) are not implemented"
+KV_TRANSFER = "KV transfer (disaggregated prefill, LMCache) is not implemented"
 CHANGES_ANSWER = "changes what the model computes or returns, and is not implemented"
 OTHER_API = "another API server mode of vLLM's (gRPC, several API processes) is not implemented"
 
@@ -283,7 +283,11 @@ FLAGS: tuple[Flag, ...] = tuple(
                "--offload-backend=auto", "--cpu-offload-gb=0", "--cpu-offload-params:values",
                "--offload-group-size=0", "--offload-num-in-group=1", "--offload-prefetch-step=1",
                "--offload-params:values")
-    + _refused(KV_TRANSFER, "--kv-transfer-config", "--kv-events-config")
+    + _refused(KV_TRANSFER, "--kv-transfer-config")
+    + _honoured("as vLLM (JSON KVEventsConfig): ZeroMQ PUB of vLLM's KVEventBatch (BlockStored, "
+                "BlockRemoved, AllBlocksCleared) and the replay socket; publisher zmq or null; "
+                "an inproc:// or tcp://*:0 endpoint refused (docs/engine.md, \"KV cache "
+                "events\")", "--kv-events-config")
     # ---- LoRA and speculative decoding
     + _refused(LORA, "--enable-lora:bool", "--lora-modules:values")
     + _no_effect(LORA_ONLY, "--max-loras", "--max-lora-rank", "--lora-dtype",
@@ -317,12 +321,33 @@ def table() -> dict[str, Flag]:
     return {f.name: f for f in FLAGS + LEGACY}
 
 
+def _kv_events_config(text: str):
+    """--kv-events-config's JSON as vLLM reads it (kv_events_config.py); a bad one exits 2."""
+    from shoal.engine.errors import ConfigError
+    from shoal.engine.kv_events_config import parse_kv_events_config
+
+    try:
+        return parse_kv_events_config(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-events-config")
+                                         .lstrip(": ")) from None
+
+
+# HONOURED flags whose value this module parses (serve_flags.py defines the others).
+PARSED_HERE = {"--kv-events-config": _kv_events_config}
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     """vLLM's shape for each table flag the parser does not define itself (NO_EFFECT, REFUSED,
-    and any HONOURED one not implemented in this build, which check() then refuses)."""
+    and any HONOURED one not implemented in this build, which check() then refuses), and the
+    PARSED_HERE flags with their parsers."""
     have = parser._option_string_actions  # noqa: SLF001 - argparse keeps no public view
     group = parser.add_argument_group(
         "other vLLM flags (docs/serving.md, \"vLLM's flags\": accepted with no effect, or refused)")
+    for name, parse in PARSED_HERE.items():
+        if name not in have:
+            parser.add_argument(name, dest=table()[name].dest, type=parse, default=None,
+                                help=table()[name].reason)
     for flag in table().values():
         if flag.name in have:
             negative = f"--no-{flag.name[2:]}"
