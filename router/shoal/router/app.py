@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI, Request
@@ -19,7 +20,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract import __version__
 from shoal.contract.auth import KeyCheck
-from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING
+from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING, KV_AWARE
 from shoal.router import k8s_discovery
 from shoal.router.affinity import make_affinity, request_keys
 from shoal.router.discovery import Discovery, DiscoveryWatcher
@@ -29,6 +30,9 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.picker import GroupPicker
 from shoal.router.proxy import UPSTREAM_TIMEOUT, Proxy
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+if TYPE_CHECKING:  # zmq only where kv-aware routing runs (main.py builds it)
+    from shoal.router.kv_subscriber import KvRouting
 
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 
@@ -44,13 +48,18 @@ class Router:
     def __init__(self, discovery_file: str, *, served_model_names: list[str] | None,
                  default_model: str | None, api_keys: list[str], cooldown: float,
                  poll_interval: float, probe_interval: float,
-                 routing: str = DEFAULT_ROUTING, imbalance: int = DEFAULT_IMBALANCE) -> None:
+                 routing: str = DEFAULT_ROUTING, imbalance: int = DEFAULT_IMBALANCE,
+                 kv: KvRouting | None = None) -> None:
         self.served_model_names = served_model_names
         self.default_model = default_model
         self.api_keys = api_keys
         self.metrics = RouterMetrics()
-        self.affinity = make_affinity(routing, imbalance)
-        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity)
+        if (routing == KV_AWARE) != (kv is not None):
+            raise ValueError("routing kv-aware needs its KvRouting (and only it takes one)")
+        self.kv = kv
+        self.affinity = None if kv else make_affinity(routing, imbalance)
+        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity,
+                                  kv=kv.aware if kv else None)
         self.watcher = DiscoveryWatcher(discovery_file, self._on_discovery, poll_interval)
         self.client = httpx.AsyncClient(
             timeout=UPSTREAM_TIMEOUT,
@@ -62,6 +71,8 @@ class Router:
 
     def _on_discovery(self, found: Discovery) -> None:
         self.picker.set_groups(found.groups)
+        if self.kv is not None:
+            self.kv.set_groups(found.groups)
 
     def model_names(self) -> list[str]:
         if self.served_model_names:
@@ -74,6 +85,8 @@ class Router:
         self.metrics.listed.set(len(self.picker.states))
         self.metrics.usable.set(len(self.picker.usable()))
         self.metrics.discovery_valid.set(0 if self.watcher.problem else 1)
+        if self.kv is not None:
+            self.metrics.observe_kv(self.kv.index, time.monotonic())
 
     def unready_reason(self) -> str:
         why = self.picker.why_none()
@@ -85,6 +98,8 @@ class Router:
     async def lifespan(self, app: FastAPI):
         self.watcher.check()
         sources = [self.api_source.run] if self.api_source is not None else []
+        if self.kv is not None:
+            sources.append(self.kv.subscriber.run)
         async with background(self.client, self.watcher.run, self.prober.run, *sources):
             yield
 
@@ -183,8 +198,9 @@ def common_app(title: str, lifespan, api_keys: list[str], surface: Surface) -> F
 
 def build_app(router: Router) -> FastAPI:
     async def forward(request: Request, path: str, body: bytes) -> Response:
-        return await router.proxy.forward(request, path, body,
-                                          prefix=request_keys(router.affinity, body))
+        keys = (await router.kv.aware.keys_of(body) if router.kv is not None
+                else request_keys(router.affinity, body))
+        return await router.proxy.forward(request, path, body, prefix=keys)
 
     async def metrics() -> bytes:
         router.refresh_gauges()

@@ -2,7 +2,8 @@
 request by its `model` to that model's engine groups (docs/router.md, "Fleet gateway").
 
     python -m shoal.router.gateway [--namespace NS ...] [--discovery-dir DIR]
-        [--routing least-outstanding|prefix-affinity] [--host H] [--port P] [--api-key KEY]
+        [--routing least-outstanding|prefix-affinity|kv-aware] [--kv-tokenizer PATH]
+        [--host H] [--port P] [--api-key KEY]
 
 Discovery: the operator's discovery ConfigMaps through the API (in a pod: its ServiceAccount;
 `--namespace` as often as needed, default the pod's own namespace), and/or a directory of
@@ -21,13 +22,14 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from shoal.contract import auth
-from shoal.contract.routing import DEFAULT_ROUTING, ROUTING_ENV
+from shoal.contract.routing import DEFAULT_ROUTING, KV_AWARE, ROUTING_ENV
 from shoal.router import aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
 from shoal.router.app import Surface, background, common_app
@@ -35,7 +37,14 @@ from shoal.router.errors import error_response
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
 from shoal.router.health import PROBE_INTERVAL_S, HealthProber
-from shoal.router.main import COOLDOWN_ENV, POLL_ENV, PROBE_ENV, serve_app
+from shoal.router.main import (
+    COOLDOWN_ENV,
+    POLL_ENV,
+    PROBE_ENV,
+    add_kv_arguments,
+    kv_routing,
+    serve_app,
+)
 from shoal.router.metrics import RouterMetrics
 from shoal.router.picker import COOLDOWN_S, GroupPicker
 from shoal.router.proxy import UPSTREAM_TIMEOUT, Proxy
@@ -47,13 +56,18 @@ class Gateway:
     def __init__(self, *, namespaces: list[str], discovery_dir: str | None,
                  kube: tuple[str, Path, Path] | None, api_keys: list[str], routing: str,
                  imbalance: int = IMBALANCE, cooldown: float = COOLDOWN_S,
-                 poll_interval: float = 1.0, probe_interval: float = PROBE_INTERVAL_S) -> None:
+                 poll_interval: float = 1.0, probe_interval: float = PROBE_INTERVAL_S,
+                 kv=None) -> None:
         self.api_keys = api_keys
         self.routing = routing
         self.metrics = RouterMetrics()
-        self.affinity = make_affinity(routing, imbalance)
-        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity)
-        self.fleet = Fleet(self.picker.set_groups)
+        if (routing == KV_AWARE) != (kv is not None):
+            raise ValueError("routing kv-aware needs its KvRouting (and only it takes one)")
+        self.kv = kv  # kv_subscriber.KvRouting under kv-aware
+        self.affinity = None if kv else make_affinity(routing, imbalance)
+        self.picker = GroupPicker(cooldown=cooldown, affinity=self.affinity,
+                                  kv=kv.aware if kv else None)
+        self.fleet = Fleet(self._on_groups)
         self.client = httpx.AsyncClient(
             timeout=UPSTREAM_TIMEOUT,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
@@ -66,6 +80,11 @@ class Gateway:
             server, token_file, ca_file = kube
             self.api = ConfigMapsSource(server, namespaces, self.fleet, token_file=token_file,
                                         ca_file=ca_file)
+
+    def _on_groups(self, groups) -> None:
+        self.picker.set_groups(groups)
+        if self.kv is not None:
+            self.kv.set_groups(groups)
 
     def not_ready(self) -> str | None:
         """Why the gateway cannot answer for the fleet yet (its readiness), else None."""
@@ -82,6 +101,8 @@ class Gateway:
         if self.directory is not None:
             self.directory.check()
         sources = [s.run for s in (self.directory, self.api) if s is not None]
+        if self.kv is not None:
+            sources.append(self.kv.subscriber.run)
         async with background(self.client, self.prober.run, *sources):
             yield
 
@@ -112,14 +133,18 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
                                   "BadRequestError")
         if model not in models:
             return _unknown_model(model, models)
+        keys = (await gw.kv.aware.keys_of(body) if gw.kv is not None
+                else request_keys(gw.affinity, body))
         return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
-                                      prefix=request_keys(gw.affinity, body))
+                                      prefix=keys)
 
     async def metrics() -> bytes:
         """The gateway's own series, then every group's vllm:* summed per model."""
         gw.metrics.listed.set(len(gw.picker.states))
         gw.metrics.usable.set(len(gw.picker.usable()))
         gw.metrics.discovery_valid.set(0 if gw.not_ready() else 1)
+        if gw.kv is not None:
+            gw.metrics.observe_kv(gw.kv.index, time.monotonic())
         urls = sorted({s.group.url for s in gw.picker.states.values()})
         fleet = aggregate.aggregate(await aggregate.scrape(gw.client, urls))
         return gw.metrics.render() + fleet.encode()
@@ -155,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-imbalance", type=int, default=IMBALANCE,
                    help="prefix-affinity: a prefix's group keeps it while its outstanding "
                         "requests exceed the least-loaded group's by at most this many")
+    add_kv_arguments(p)
     auth.add_api_key_argument(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -172,12 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to discover: give --discovery-dir, or run in a pod (or give "
                      "--kube-server) with --namespace or $POD_NAMESPACE")
     kube = (server, Path(args.kube_token_file), Path(args.kube_ca_file)) if server else None
+    try:
+        kv = kv_routing(args.routing, args)
+    except ValueError as exc:
+        parser.error(str(exc))
     gw = Gateway(namespaces=namespaces if kube else [], discovery_dir=args.discovery_dir,
                  kube=kube, api_keys=auth.api_keys(args.api_key, os.environ), routing=args.routing,
                  imbalance=args.prefix_imbalance,
                  cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
                  poll_interval=float(os.environ.get(POLL_ENV, 1.0)),
-                 probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)))
+                 probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)), kv=kv)
     sources = ([f"namespace(s) {', '.join(namespaces)} via {server}"] if kube and namespaces
                else []) + ([f"directory {args.discovery_dir}"] if args.discovery_dir else [])
     logger.info("gateway: serving the engines in %s on %s:%d (%s)", " and ".join(sources),

@@ -17,7 +17,17 @@ import signal
 import sys
 
 from shoal.contract import auth, discovery
-from shoal.contract.routing import DEFAULT_ROUTING, IMBALANCE_ENV, ROUTING_ENV
+from shoal.contract.routing import (
+    DEFAULT_KV_EVENTS_PORT,
+    DEFAULT_KV_REPLAY_PORT,
+    DEFAULT_ROUTING,
+    IMBALANCE_ENV,
+    KV_AWARE,
+    KV_EVENTS_PORT_ENV,
+    KV_REPLAY_PORT_ENV,
+    KV_TOKENIZER_ENV,
+    ROUTING_ENV,
+)
 from shoal.router.affinity import IMBALANCE, make_affinity
 
 logger = logging.getLogger("shoal.router")
@@ -43,6 +53,29 @@ def routing_from_env() -> tuple[str, int]:
     except ValueError as exc:
         raise ValueError(f"{ROUTING_ENV}: {exc}") from None
     return routing, imbalance
+
+
+def add_kv_arguments(p: argparse.ArgumentParser) -> None:
+    """kv-aware routing's settings (both routers); defaults from the operator's environment."""
+    p.add_argument("--kv-tokenizer", metavar="PATH", default=os.environ.get(KV_TOKENIZER_ENV),
+                   help="kv-aware: the model's tokenizer.json (or its folder)")
+    p.add_argument("--kv-events-port", type=int,
+                   default=int(os.environ.get(KV_EVENTS_PORT_ENV) or DEFAULT_KV_EVENTS_PORT),
+                   help="kv-aware: the port of each group's KV events (vLLM's "
+                        "--kv-events-config endpoint) on its rank 0's host")
+    p.add_argument("--kv-replay-port", type=int,
+                   default=int(os.environ.get(KV_REPLAY_PORT_ENV) or DEFAULT_KV_REPLAY_PORT),
+                   help="kv-aware: the port of each group's KV event replay (vLLM's "
+                        "replay_endpoint); 0 for none")
+
+
+def kv_routing(routing: str, args):
+    """The KvRouting for `routing: kv-aware`, else None; ValueError says what is missing."""
+    if routing != KV_AWARE:
+        return None
+    from shoal.router.kv_subscriber import make_kv_routing
+
+    return make_kv_routing(args.kv_tokenizer, args.kv_events_port, args.kv_replay_port or None)
 
 
 def serve_app(app, host: str, port: int) -> int:
@@ -96,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the served name)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    add_kv_arguments(p)
     auth.add_api_key_argument(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -116,6 +150,7 @@ def run_router(args) -> int:
 
     try:
         routing, imbalance = routing_from_env()
+        kv = kv_routing(routing, args)
     except ValueError as exc:
         logger.error("configuration error: %s", exc)
         return 2
@@ -125,7 +160,7 @@ def run_router(args) -> int:
         cooldown=float(os.environ.get(COOLDOWN_ENV, COOLDOWN_S)),
         poll_interval=float(os.environ.get(POLL_ENV, POLL_INTERVAL_S)),
         probe_interval=float(os.environ.get(PROBE_ENV, PROBE_INTERVAL_S)),
-        routing=routing, imbalance=imbalance)
+        routing=routing, imbalance=imbalance, kv=kv)
     app = build_app(router)
     logger.info("frontend only: routing %s to the engine groups in %s on %s:%d (%s)",
                 ", ".join(router.model_names()), args.engine_discovery_file, args.host,

@@ -36,5 +36,60 @@ class RouterMetrics:
                                      "1 when the discovery file was read and validated.",
                                      registry=r)
 
+        # kv-aware routing's index (kv_index.py); set from its stats at each scrape.
+        self.kv_blocks = Gauge("shoal_router_kv_index_blocks",
+                               "(group, block) entries in the KV events index.", registry=r)
+        self.kv_group_blocks = Gauge("shoal_router_kv_index_group_blocks",
+                                     "KV blocks the index holds, by group.", ["group"],
+                                     registry=r)
+        self.kv_groups = Gauge("shoal_router_kv_index_groups",
+                               "Groups the KV events index follows.", registry=r)
+        self.kv_gaps = Gauge("shoal_router_kv_gaps",
+                             "Sequence gaps seen in the groups' KV events since start (each "
+                             "replayed).", registry=r)
+        self.kv_unrepaired = Gauge("shoal_router_kv_unrepaired_gaps",
+                                   "Gaps the replay could not cover since start (the group's "
+                                   "entries were cleared).", registry=r)
+        self.kv_orphans = Gauge("shoal_router_kv_orphan_blocks",
+                                "Stored blocks whose parent the index did not know, since "
+                                "start (not indexed).", registry=r)
+        self.kv_evicted = Gauge("shoal_router_kv_evicted_blocks",
+                                "Entries evicted by the index's memory bound since start.",
+                                registry=r)
+        self.kv_lag = Gauge("shoal_router_kv_lag_seconds",
+                            "Seconds since the group's last KV event batch.", ["group"],
+                            registry=r)
+        self.kv_stale = Gauge("shoal_router_kv_group_stale",
+                              "1 while the group's KV events stopped despite traffic (it is "
+                              "scored by load only).", ["group"], registry=r)
+        self.kv_stale_groups = Gauge("shoal_router_kv_stale_groups",
+                                     "Groups whose KV events stopped despite traffic.",
+                                     registry=r)
+
+    def observe_kv(self, index, now: float) -> None:
+        """Set the kv series from a KvIndex (kv_index.py)."""
+        st = index.stats(now)
+        self.kv_blocks.set(st.blocks)
+        self.kv_groups.set(st.groups)
+        self.kv_gaps.set(st.gaps)
+        self.kv_unrepaired.set(st.unrepaired_gaps)
+        self.kv_orphans.set(st.orphans)
+        self.kv_evicted.set(st.evicted)
+        self.kv_stale_groups.set(len(st.stale))
+        for gauge in (self.kv_lag, self.kv_stale, self.kv_group_blocks):
+            gauge.clear()
+        for key in index.groups():
+            label = _label(key)
+            self.kv_group_blocks.labels(label).set(index.blocks_of(key))
+            self.kv_stale.labels(label).set(1 if key in st.stale else 0)
+            if key in st.lag_s:
+                self.kv_lag.labels(label).set(st.lag_s[key])
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _label(key) -> str:
+    """A Group.key (engine, id) as the `group` label (Group.label)."""
+    engine, gid = key
+    return f"{engine}/{gid}" if engine else str(gid)

@@ -3,7 +3,9 @@
 Rule (`least-outstanding`): among the usable groups, the one with the fewest outstanding
 (forwarded, unfinished) requests; ties go round-robin. With `prefix-affinity` (an injected
 `PrefixAffinity`, affinity.py) a request whose prompt starts like an earlier one goes to the
-group that served that prefix, while that group's load stays within the affinity's bound. A
+group that served that prefix, while that group's load stays within the affinity's bound. With
+`kv-aware` (an injected `KvAware`, kv_score.py) every request is scored against the engines' KV
+events index: `prefix` is then the prompt's token ids ([] when unknown: scored by load). A
 group that refused a connection or answered 503 is skipped for a cool-down; after it, the
 group is tried again if the discovery file still lists it (the operator's stable per-group
 addresses make a retry safe). Pure bookkeeping, no I/O: the proxy and the health prober
@@ -22,6 +24,7 @@ from shoal.router.discovery import Group
 
 if TYPE_CHECKING:
     from shoal.router.affinity import PrefixAffinity
+    from shoal.router.kv_score import KvAware
 
 logger = logging.getLogger("shoal.router.picker")
 
@@ -39,10 +42,11 @@ class GroupState:
 class GroupPicker:
     def __init__(self, cooldown: float = COOLDOWN_S,
                  clock: Callable[[], float] = time.monotonic,
-                 affinity: PrefixAffinity | None = None) -> None:
+                 affinity: PrefixAffinity | None = None, kv: KvAware | None = None) -> None:
         self.cooldown = cooldown
         self.clock = clock
         self.affinity = affinity
+        self.kv = kv
         # Keyed by Group.key: (engine, index); the engine is "" in a per-engine frontend.
         self.states: dict[tuple[str, int], GroupState] = {}
         self._turn = 0
@@ -83,6 +87,10 @@ class GroupPicker:
                       and (only is None or s.group.key in only)]
         if not candidates:
             return None
+        if self.kv is not None:
+            chosen = self.kv.choose(prefix or [], candidates)
+            self.kv.remember(prefix or [], chosen.group.key, {s.group.key for s in candidates})
+            return chosen.group
         chosen = None
         if self.affinity is not None and prefix:
             chosen = self.affinity.choose(prefix, candidates)

@@ -1,0 +1,126 @@
+"""kv-aware scoring (kv_score.py): hits, misses to the least loaded, random ties, stale groups by
+load only; the prompt's token ids; the policy injected into the picker."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from shoal.router.discovery import Group
+from shoal.router.kv_index import KvIndex
+from shoal.router.kv_score import KvAware, choose, load_encoder, prompt_ids, score
+from shoal.router.kv_wire import BlockStored, KVEventBatch
+from shoal.router.picker import GroupPicker
+
+G = [Group(i, f"http://g{i}:8000") for i in range(3)]
+K = [g.key for g in G]
+
+
+@dataclass
+class State:
+    group: Group
+    outstanding: int
+
+
+def states(*loads):
+    return [State(G[i], n) for i, n in enumerate(loads)]
+
+
+@pytest.mark.parametrize("name, loads, cached, prompt, stale, expected", [
+    ("the longest cached prefix wins at equal load", (0, 0, 0), {K[1]: 64, K[2]: 32}, 100,
+     set(), {1}),
+    ("a hit outweighs a little load", (2, 1, 0), {K[0]: 96}, 100, set(), {0}),
+    ("the busiest group's hit loses to an idle miss when the hit is small",
+     (4, 0, 0), {K[0]: 16}, 100, set(), {1, 2}),
+    ("a miss goes to the least loaded, not to the smallest index", (3, 5, 1), {}, 100, set(),
+     {2}),
+    ("a miss with tied loads goes to either", (2, 2, 7), {}, 100, set(), {0, 1}),
+    ("a stale group's entries are not trusted: scored by load", (0, 3, 3), {K[1]: 100}, 100,
+     {K[1]}, {0}),
+    ("a stale group can still win on load", (5, 0, 5), {K[0]: 100}, 100, {K[0]}, {1}),
+    ("an unknown prompt (0 tokens) is a miss", (1, 0, 1), {}, 0, set(), {1}),
+])
+def test_choose(name, loads, cached, prompt, stale, expected):
+    seen = {choose(states(*loads), cached, prompt, random.Random(seed), stale).group.id
+            for seed in range(40)}
+    assert seen == expected, name
+
+
+def test_ties_are_broken_at_random_with_the_injected_rng():
+    picks = Counter(choose(states(0, 0, 0), {}, 10, random.Random(seed)).group.id
+                    for seed in range(300))
+    assert set(picks) == {0, 1, 2} and min(picks.values()) > 60
+    a = [choose(states(0, 0, 0), {}, 10, rng).group.id for rng in [random.Random(7)] * 20]
+    b = [choose(states(0, 0, 0), {}, 10, rng).group.id for rng in [random.Random(7)] * 20]
+    assert a == b
+
+
+def test_the_formula():
+    assert score(50, 100, 2, 4) == pytest.approx(0.5 - 0.5 * 0.5)
+    assert score(0, 100, 0, 0) == 0.0
+    assert score(10, 0, 0, 0) == 0.0
+    assert choose([], {}, 10, random.Random(0)) is None
+
+
+@pytest.fixture(scope="module")
+def encode(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "the", "cat", "sat", "on", "mat", "a", "dog"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return load_encoder(str(path.parent))
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"prompt": "the cat sat"}, [1, 2, 3]),
+    ({"prompt": ["a dog", "the mat"]}, [6, 7]),  # a batch routes by its first prompt
+    ({"prompt": [5, 6, 7]}, [5, 6, 7]),
+    ({"prompt": [[1, 2], [3]]}, [1, 2]),
+    ({"messages": [{"role": "user", "content": "the cat"}]}, []),  # chat: not yet exact
+    ({"prompt": [1, "x"]}, []),
+    ({"prompt": None}, []),
+])
+def test_prompt_ids(encode, body, expected):
+    assert prompt_ids(json.dumps(body).encode(), encode) == expected
+
+
+def test_prompt_ids_of_a_non_json_body(encode):
+    assert prompt_ids(b"not json", encode) == []
+
+
+def test_load_encoder_names_a_missing_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        load_encoder(str(tmp_path))
+
+
+def _stored(hashes, tokens, parent=None):
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+                       block_size=4, lora_id=None, medium="GPU", lora_name=None)
+
+
+def test_the_picker_routes_a_cached_prefix_where_it_is_and_a_miss_by_load():
+    index = KvIndex(stale_after=10.0)
+    now = [100.0]
+    aware = KvAware(index, encode=lambda text: [], rng=random.Random(1), clock=lambda: now[0])
+    picker = GroupPicker(kv=aware, clock=lambda: now[0])
+    picker.set_groups(G)
+    prefix = list(range(32))
+    index.apply(K[2], 0, KVEventBatch(1.0, [_stored([1, 2], prefix[:8])]), now[0])
+    for _ in range(3):
+        picker.acquire(G[0])  # group 0 busy, group 1 idle, group 2 holds the prefix
+    picker.acquire(G[2])  # and has one request: 8/12 - 0.5 * 1/3 beats group 1's 0
+    assert picker.pick(prefix=prefix[:12]) == G[2]
+    assert picker.pick(prefix=list(range(500, 512))) == G[1]  # a miss: the least loaded
+    assert picker.pick(prefix=None) == G[1]  # a chat (no token ids): by load
+    # Group 2 got traffic and its events stopped: after 10 s it is scored by load only.
+    now[0] += 11.0
+    index.apply(K[1], 0, KVEventBatch(2.0, []), now[0])  # group 1's events do come
+    index.refresh_stale(now[0])
+    assert index.stale == {K[2]}
+    assert picker.pick(prefix=prefix[:12]) == G[1]
