@@ -71,6 +71,7 @@ class _Group:
     last_ts: float = 0.0
     last_batch_at: float | None = None
     traffic_since: float | None = None  # first request routed to it since its last batch
+    gap_at: int | None = None  # the start of the gap last reported
     block_size: int | None = None
     blocks: int = 0  # its (group, router hash) entries
     engine_to_router: dict = field(default_factory=dict)
@@ -141,7 +142,9 @@ class KvIndex:
             g.last_seq, g.last_ts, g.block_size = None, 0.0, None
         expected = 0 if g.last_seq is None else g.last_seq + 1
         if seq != expected:
-            self.gaps += 1
+            if g.gap_at != expected:  # asked again after a replay: the same gap, counted once
+                g.gap_at = expected
+                self.gaps += 1
             return Gap(expected)
         for event in batch.events:
             if isinstance(event, BlockStored):

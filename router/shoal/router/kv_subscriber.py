@@ -106,10 +106,14 @@ class KvSubscriber:
     def tick(self) -> None:
         became, recovered = self.index.refresh_stale(self.clock())
         for key in became:
-            logger.warning("KV events of group %s stopped: no batch for %g s while it had "
-                           "traffic; scoring it by load only", key, self.index.stale_after)
+            logger.warning("KV events of %s stopped: no batch for %g s while it had traffic; "
+                           "scoring it by load only", self._name(key), self.index.stale_after)
         for key in recovered:
-            logger.info("KV events of group %s resumed", key)
+            logger.info("KV events of %s resumed", self._name(key))
+
+    def _name(self, key) -> str:
+        found = self._wanted.get(key)
+        return found[0].name if found else f"group {key}"
 
     async def _follow(self, group, key, ep: Endpoints) -> None:
         sub = self.ctx.socket(zmq.SUB)
