@@ -12,7 +12,8 @@ second recomputes which groups are stale (traffic but no batch for the index's s
 one log line per transition; the scorer then scores them by load only.
 
 Endpoints: until discovery carries them, a group's are its URL's host with the ports given to
-the router (`--kv-events-port`, `--kv-replay-port`).
+the router (`--kv-events-port`, `--kv-replay-port`), or given per group (`--kv-endpoint
+LABEL=EVENTS[,REPLAY]`: several groups on one host, e.g. on loopback).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ logger = logging.getLogger("shoal.router.kv")
 
 REPLAY_TIMEOUT_S = 2.0
 TICK_S = 1.0
+RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,25 @@ class Endpoints:
     replay: str | None
 
 
-def endpoints_from_ports(events_port: int, replay_port: int | None):
-    """Group -> Endpoints: the group URL's host with fixed ports."""
+def parse_endpoint(spec: str) -> tuple[str, Endpoints]:
+    """`LABEL=EVENTS[,REPLAY]` (a group's metrics label: "1", or "ns/engine/1" in the gateway);
+    ValueError says what is wrong."""
+    label, sep, rest = spec.partition("=")
+    events, _, replay = rest.partition(",")
+    for ep in (events, replay):
+        if ep and not ep.startswith("tcp://"):
+            raise ValueError(f"--kv-endpoint {spec!r}: {ep!r} is not a tcp:// endpoint")
+    if not sep or not label or not events:
+        raise ValueError(f"--kv-endpoint {spec!r} is not LABEL=EVENTS[,REPLAY]")
+    return label, Endpoints(events, replay or None)
+
+
+def endpoints_from_ports(events_port: int, replay_port: int | None,
+                         given: dict[str, Endpoints] | None = None):
+    """Group -> Endpoints: those `given` for its label, else its URL's host with fixed ports."""
     def of(group) -> Endpoints:
+        if given and group.label in given:
+            return given[group.label]
         host = urlsplit(group.url).hostname
         host = f"[{host}]" if host and ":" in host else host
         return Endpoints(f"tcp://{host}:{events_port}",
@@ -116,22 +134,27 @@ class KvSubscriber:
         return found[0].name if found else f"group {key}"
 
     async def _follow(self, group, key, ep: Endpoints) -> None:
-        sub = self.ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(ep.events)
-        logger.info("%s: following KV events at %s (replay %s)", group.name, ep.events,
-                    ep.replay or "none")
-        try:
-            while True:
-                frames = await sub.recv_multipart()
-                await self._offer(group, key, ep, frames)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - logged; the group then scores by load (stale)
-            logger.exception("%s: KV event subscription at %s failed", group.name, ep.events)
-        finally:
-            sub.close(linger=0)
+        """Follow one group for ever; a failed subscription is logged and started again (the
+        batches it missed come back as a gap, replayed)."""
+        while True:
+            sub = self.ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            try:
+                sub.connect(ep.events)
+                logger.info("%s: following KV events at %s (replay %s)", group.name, ep.events,
+                            ep.replay or "none")
+                while True:
+                    frames = await sub.recv_multipart()
+                    await self._offer(group, key, ep, frames)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; followed again after a pause
+                logger.exception("%s: KV event subscription at %s failed; again in %g s",
+                                 group.name, ep.events, RETRY_S)
+            finally:
+                sub.close(linger=0)
+            await asyncio.sleep(RETRY_S)
 
     def _decode(self, group, frames):
         if len(frames) != 3:
@@ -203,15 +226,16 @@ class KvRouting:
         self.subscriber.set_groups(groups)
 
 
-def make_kv_routing(tokenizer: str | None, events_port: int,
-                    replay_port: int | None) -> KvRouting:
+def make_kv_routing(tokenizer: str | None, events_port: int, replay_port: int | None,
+                    endpoints: list[str] = ()) -> KvRouting:
     """ValueError names what is missing (kv-aware needs the model's tokenizer)."""
     from shoal.router.kv_score import KvAware, load_encoder
 
     if not tokenizer:
         raise ValueError("routing kv-aware needs the model's tokenizer.json (--kv-tokenizer or "
                          "$SHOAL_ROUTER_KV_TOKENIZER)")
+    given = dict(parse_endpoint(spec) for spec in endpoints)
     index = KvIndex()
     aware = KvAware(index, load_encoder(tokenizer))
-    return KvRouting(index, aware, KvSubscriber(index, endpoints_from_ports(events_port,
-                                                                            replay_port)))
+    return KvRouting(index, aware, KvSubscriber(
+        index, endpoints_from_ports(events_port, replay_port, given)))

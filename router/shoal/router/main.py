@@ -67,6 +67,10 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
                    default=int(os.environ.get(KV_REPLAY_PORT_ENV) or DEFAULT_KV_REPLAY_PORT),
                    help="kv-aware: the port of each group's KV event replay (vLLM's "
                         "replay_endpoint); 0 for none")
+    p.add_argument("--kv-endpoint", metavar="LABEL=EVENTS[,REPLAY]", action="append",
+                   default=[], help="kv-aware: one group's KV event endpoints instead of its "
+                   "host and the ports above (LABEL as in /metrics: '1', or 'ns/engine/1' in the "
+                   "gateway), e.g. 0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558; repeat per group")
 
 
 def kv_routing(routing: str, args):
@@ -75,7 +79,8 @@ def kv_routing(routing: str, args):
         return None
     from shoal.router.kv_subscriber import make_kv_routing
 
-    return make_kv_routing(args.kv_tokenizer, args.kv_events_port, args.kv_replay_port or None)
+    return make_kv_routing(args.kv_tokenizer, args.kv_events_port, args.kv_replay_port or None,
+                           args.kv_endpoint)
 
 
 def serve_app(app, host: str, port: int) -> int:
