@@ -69,13 +69,13 @@ def test_repeats_of_a_prefix_go_where_it_is_cached(kv_router, kv_engines):
     engines, _ = kv_engines
     homes = {}
     for name, tenant in (("a", TENANT_A), ("b", TENANT_B)):
-        before = _served(kv_router)
+        before, blocks = _served(kv_router), _blocks(kv_router)
         _complete(kv_router, tenant + "Question 0?")
         after = _served(kv_router)
         (home,) = [g for g in after if after[g] != before.get(g, 0)]
         homes[name] = home
         # Its blocks reach the router's index before the next request is routed.
-        _wait_blocks(kv_router, home)
+        _wait_blocks(kv_router, home, more_than=blocks[home])
     hits_before = {g: engines[int(g)].metric("vllm:prefix_cache_hits_total")
                    for g in ("0", "1")}
     before = _served(kv_router)
@@ -94,12 +94,40 @@ def test_repeats_of_a_prefix_go_where_it_is_cached(kv_router, kv_engines):
     assert m["shoal_router_kv_unrepaired_gaps"] == 0 and m["shoal_router_kv_stale_groups"] == 0
 
 
-def _wait_blocks(router: RouterProcess, group: str, timeout: float = 10.0) -> None:
+def _blocks(router: RouterProcess) -> dict[str, float]:
+    return {g: router.metrics().get(f'shoal_router_kv_index_group_blocks{{group="{g}"}}', 0)
+            for g in ("0", "1")}
+
+
+def _wait_blocks(router: RouterProcess, group: str, more_than: float = 0,
+                 timeout: float = 10.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout
     key = f'shoal_router_kv_index_group_blocks{{group="{group}"}}'
-    while router.metrics().get(key, 0) == 0:
+    while router.metrics().get(key, 0) <= more_than:
         assert time.monotonic() < deadline, (f"no KV blocks of group {group} in the router's "
                                              f"index:\n{router.log()[-3000:]}")
         time.sleep(0.05)
+
+
+def test_chats_with_a_shared_system_prompt_go_where_it_is_cached(kv_router):
+    system = "You are the support assistant of a hardware shop; answer in one line. " * 12
+
+    def chat(question: str) -> None:
+        r = httpx.post(f"{kv_router.url}/v1/chat/completions", headers=HEADERS, timeout=60,
+                       json={"model": MODEL_NAME, "max_tokens": 1, "messages": [
+                           {"role": "system", "content": system},
+                           {"role": "user", "content": question}]})
+        assert r.status_code == 200, r.text
+
+    before, blocks = _served(kv_router), _blocks(kv_router)
+    chat("Do you sell screws?")
+    after = _served(kv_router)
+    (home,) = [g for g in after if after[g] != before.get(g, 0)]
+    _wait_blocks(kv_router, home, more_than=blocks[home])
+    for i in range(5):
+        chat(f"Question number {i}?")
+    final = _served(kv_router)
+    sent = {g: final.get(g, 0) - after.get(g, 0) for g in ("0", "1")}
+    assert sent[home] == 5, (home, sent)

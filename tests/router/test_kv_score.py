@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import pytest
 from shoal.router.discovery import Group
 from shoal.router.kv_index import KvIndex
-from shoal.router.kv_score import KvAware, choose, load_encoder, prompt_ids, score
+from shoal.router.kv_score import (
+    KvAware,
+    PromptTokenizer,
+    choose,
+    load_encoder,
+    prompt_ids,
+    score,
+)
 from shoal.router.kv_wire import BlockStored, KVEventBatch
 from shoal.router.picker import GroupPicker
 
@@ -82,7 +89,7 @@ def encode(tmp_path_factory):
     ({"prompt": ["a dog", "the mat"]}, [6, 7]),  # a batch routes by its first prompt
     ({"prompt": [5, 6, 7]}, [5, 6, 7]),
     ({"prompt": [[1, 2], [3]]}, [1, 2]),
-    ({"messages": [{"role": "user", "content": "the cat"}]}, []),  # chat: not yet exact
+    ({"messages": [{"role": "user", "content": "the cat"}]}, []),  # no chat template here
     ({"prompt": [1, "x"]}, []),
     ({"prompt": None}, []),
 ])
@@ -92,6 +99,51 @@ def test_prompt_ids(encode, body, expected):
 
 def test_prompt_ids_of_a_non_json_body(encode):
     assert prompt_ids(b"not json", encode) == []
+
+
+CHATS = [
+    {"messages": [{"role": "system", "content": "You are terse."},
+                  {"role": "user", "content": "Name three colours."}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Part one."},
+                                               {"type": "text", "text": "Part two."}]}]},
+    {"messages": [{"role": "user", "content": "Go on."}], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "Hi", "name": "ann"}],
+     "chat_template_kwargs": {"enable_thinking": False}},
+]
+
+
+@pytest.mark.parametrize("body", CHATS)
+def test_a_chat_is_tokenized_as_the_engines_frontend_does(tiny_model, body):
+    from shoal.engine.tokenizer import FastTokenizer
+
+    engine = FastTokenizer(tiny_model)
+    messages = [{**m, "content": m["content"] if isinstance(m["content"], str)
+                 else "\n".join(p["text"] for p in m["content"])} for m in body["messages"]]
+    expected = engine.apply_chat_template(messages, body.get("add_generation_prompt", True),
+                                          **body.get("chat_template_kwargs", {}))
+    ours = prompt_ids(json.dumps(body).encode(), PromptTokenizer(tiny_model))
+    assert ours == expected and len(ours) > 3
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"reasoning_effort": "low"}, {"continue_final_message": True},
+    {"add_special_tokens": True}, {"chat_template": "{{ messages }}"},
+    {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+    {"messages": []},
+])
+def test_chats_the_router_cannot_render_exactly_are_misses(tiny_model, extra):
+    body = {"messages": [{"role": "user", "content": "Hi"}], **extra}
+    assert prompt_ids(json.dumps(body).encode(), PromptTokenizer(tiny_model)) == []
+
+
+def test_the_engines_completion_tokens(tiny_model):
+    from shoal.engine.tokenizer import FastTokenizer
+
+    text = "Once upon a time, in a land far away"
+    assert (prompt_ids(json.dumps({"prompt": text}).encode(), PromptTokenizer(tiny_model))
+            == FastTokenizer(tiny_model)(text).input_ids)
 
 
 def test_load_encoder_names_a_missing_tokenizer(tmp_path):
@@ -107,7 +159,7 @@ def _stored(hashes, tokens, parent=None):
 def test_the_picker_routes_a_cached_prefix_where_it_is_and_a_miss_by_load():
     index = KvIndex(stale_after=10.0)
     now = [100.0]
-    aware = KvAware(index, encode=lambda text: [], rng=random.Random(1), clock=lambda: now[0])
+    aware = KvAware(index, None, rng=random.Random(1), clock=lambda: now[0])
     picker = GroupPicker(kv=aware, clock=lambda: now[0])
     picker.set_groups(G)
     prefix = list(range(32))

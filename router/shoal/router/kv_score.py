@@ -13,10 +13,12 @@ The highest score wins; ties are broken at random (an injectable RNG). A miss (n
 caches any of the prompt, or a prompt the router cannot tokenize exactly) goes to the least
 loaded candidate, ties at random: never to whichever has the smallest index.
 
-Tokenizing: the model's tokenizer.json through `tokenizers` (no torch), as the engine does a
-completion: a text prompt with its special tokens, a token-id prompt as given, the first prompt
-of a batch. Chat requests are not tokenized yet (the engine renders the chat template first;
-matching it needs the template in the router): they route as a miss, by load.
+Tokenizing (PromptTokenizer): the model's tokenizer.json through `tokenizers` (no torch), as the
+engine does: a completion's text prompt with its special tokens, a token-id prompt as given, the
+first prompt of a batch; a chat rendered with the model's chat template (sandboxed Jinja, as the
+engine's frontend) and encoded without special tokens. What the router cannot reproduce exactly
+(tools, non-text content parts, tool-call messages, reasoning_effort, continue_final_message,
+a request's own chat_template) routes as a miss, by load.
 """
 
 from __future__ import annotations
@@ -58,36 +60,130 @@ def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Rando
     return rng.choice([s for s in candidates if scores[s.group.key] == best])
 
 
-def prompt_ids(body: bytes, encode: Callable[[str], list[int]]) -> list[int]:
-    """The token ids the engine will see for a completion's prompt; [] when not exactly known
-    (a chat, an unparseable body)."""
+CHAT_REFUSED = ("tools", "reasoning_effort", "continue_final_message", "add_special_tokens",
+                "chat_template")  # they change the engine's rendering: not reproduced here
+
+
+def _plain_messages(messages) -> list[dict] | None:
+    """The messages as the engine's template gets them, when they are plain (a role, text
+    content as a string or text parts, an optional name); None otherwise."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return None
+        if set(m) - {"role", "content", "name"}:
+            return None
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                return None
+            content = "\n".join(p["text"] for p in content)  # as vLLM joins text parts
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            return None
+        msg = {"role": m["role"], "content": content}
+        if m.get("name") is not None:
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def prompt_ids(body: bytes, tok) -> list[int]:
+    """The token ids the engine will see for the request's prompt; [] when the router cannot
+    know them exactly (an unparseable body, a chat with tools or non-text parts, ...).
+    `tok`: a PromptTokenizer (or anything with its encode / render_chat)."""
     try:
         data = json.loads(body)
     except ValueError:
         return []
-    if not isinstance(data, dict) or "messages" in data:
+    if not isinstance(data, dict):
         return []
+    if "messages" in data:
+        messages = _plain_messages(data["messages"])
+        if messages is None or any(data.get(k) for k in CHAT_REFUSED):
+            return []
+        kwargs = data.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            return []
+        text = tok.render_chat(messages, data.get("add_generation_prompt", True) is not False,
+                               kwargs)
+        return [] if text is None else tok.encode(text, add_special_tokens=False)
     prompt = data.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return tok.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return prompt
     return []
 
 
-def load_encoder(path: str) -> Callable[[str], list[int]]:
-    """encode(text) -> ids with the model's tokenizer.json (`path`: the file or its folder)."""
-    from tokenizers import Tokenizer
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        raise ValueError(f"kv-aware routing needs the model's tokenizer.json: {p} is not a file")
-    tok = Tokenizer.from_file(str(p))
-    return lambda text: tok.encode(text, add_special_tokens=True).ids
+
+class PromptTokenizer:
+    """The model's tokenizer.json (`tokenizers`) and chat template (tokenizer_config.json's
+    `chat_template` or chat_template.jinja), rendered as the engine's frontend renders it: a
+    sandboxed Jinja environment with trim_blocks/lstrip_blocks, then encoded without special
+    tokens (shoal.engine.tokenizer.FastTokenizer; transformers' fast tokenizers)."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        root = Path(path)
+        if root.is_file():
+            root = root.parent
+        if not (root / "tokenizer.json").is_file():
+            raise ValueError("kv-aware routing needs the model's tokenizer.json: "
+                             f"{root / 'tokenizer.json'} is not a file")
+        self._tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+        config: dict = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            if (root / name).is_file():
+                config.update(json.loads((root / name).read_text()))
+        self.bos_token = _token_text(config.get("bos_token")) or ""
+        self.eos_token = _token_text(config.get("eos_token")) or ""
+        source = config.get("chat_template")
+        if source is None and (root / "chat_template.jinja").is_file():
+            source = (root / "chat_template.jinja").read_text()
+        self._template = None
+        if isinstance(source, str):
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(source)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool,
+                    kwargs: dict) -> str | None:
+        """The chat's prompt text; None without a template or when it refuses the chat."""
+        if self._template is None:
+            return None
+        try:
+            return self._template.render({
+                **{k: v for k, v in kwargs.items() if k not in ("messages", "tools")},
+                "messages": messages, "add_generation_prompt": add_generation_prompt,
+                "bos_token": self.bos_token, "eos_token": self.eos_token, "tools": None})
+        except Exception:  # noqa: BLE001 - the engine answers it (a 400); routing by load
+            return None
+
+
+def _raise(message):
+    raise ValueError(message)
+
+
+def load_encoder(path: str) -> PromptTokenizer:
+    """The PromptTokenizer of a model folder (or its tokenizer.json); ValueError names what is
+    missing."""
+    return PromptTokenizer(path)
 
 
 class KvAware:
@@ -95,19 +191,19 @@ class KvAware:
     prompt's token ids, `choose` scores the candidates, `remember` notes the traffic that makes
     a silent group stale."""
 
-    def __init__(self, index: KvIndex, encode: Callable[[str], list[int]], *,
+    def __init__(self, index: KvIndex, tokenizer, *,
                  alpha: float = ALPHA, rng: random.Random | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         import time
 
         self.index = index
-        self.encode = encode
+        self.tokenizer = tokenizer  # a PromptTokenizer
         self.alpha = alpha
         self.rng = rng or random.Random()
         self.clock = clock or time.monotonic
 
     def request_keys(self, body: bytes) -> list[int]:
-        return prompt_ids(body, self.encode)
+        return prompt_ids(body, self.tokenizer)
 
     async def keys_of(self, body: bytes) -> list[int]:
         """request_keys off the event loop for a large body (a 200 KB prompt takes tens of
