@@ -54,14 +54,17 @@ class Gap:
     start: int
 
 
-def chain(token_ids, block_size: int, parent: int = ROOT, extra=None) -> list[int]:
-    """The router hashes of the whole blocks of `token_ids`, first block first."""
-    out = []
+def iter_chain(token_ids, block_size: int, parent: int = ROOT, extra=None):
+    """The router hashes of the whole blocks of `token_ids`, first block first, lazily (a
+    lookup stops at the first block no group holds)."""
     for i in range(len(token_ids) // block_size):
         block = tuple(token_ids[i * block_size:(i + 1) * block_size])
         parent = hash((parent, block) if extra is None else (parent, block, extra))
-        out.append(parent)
-    return out
+        yield parent
+
+
+def chain(token_ids, block_size: int, parent: int = ROOT, extra=None) -> list[int]:
+    return list(iter_chain(token_ids, block_size, parent, extra))
 
 
 @dataclass
@@ -275,7 +278,7 @@ class KvIndex:
                 by_size.setdefault(g.block_size, []).append(key)
         for size, groups in by_size.items():
             alive = set(groups)
-            for i, rh in enumerate(chain(token_ids, size)):
+            for i, rh in enumerate(iter_chain(token_ids, size)):
                 alive &= self._holders(rh)
                 if not alive:
                     break
