@@ -197,3 +197,14 @@ def test_the_per_block_cost_is_what_the_docstring_says():
     print(f"KV index: {per_block:.0f} bytes per (group, block) entry over {n} entries")
     assert index.stats(0).blocks == n
     assert 300 < per_block < 500, per_block  # the docstring says about 430
+
+
+def test_a_group_whose_publisher_is_unreachable_goes_stale_after_the_grace():
+    index = KvIndex(disconnected_after=3.0)
+    index.set_connected(G0, False, 10.0)
+    assert index.refresh_stale(12.0) == (set(), set())
+    assert index.refresh_stale(13.5) == ({G0}, set())
+    assert index.why_stale(G0, 13.5) == "no connection to its publisher for 4 s"
+    index.set_connected(G0, False, 14.0)  # still down: counted from the first
+    index.set_connected(G0, True, 15.0)
+    assert index.refresh_stale(15.0) == (set(), {G0})

@@ -217,9 +217,35 @@ def test_a_silent_group_with_traffic_is_reported_stale_once(caplog):
     for t in (1.0, 6.0, 7.0):
         now[0] = t
         sub.tick()
-    assert caplog.text.count("stopped: no batch for 5 s while it had traffic") == 1
+    assert caplog.text.count("stopped (no batch for 6 s while it had traffic)") == 1
     assert "KV events of group 0 stopped" in caplog.text
     index.apply(("", 0), 0, KVEventBatch(1.0, []), 8.0)
     sub.tick()
     assert "KV events of group 0 resumed" in caplog.text
     sub.ctx.destroy(linger=0)
+
+
+async def test_a_publisher_that_goes_away_makes_its_group_stale_until_it_is_back(vllm_frames,
+                                                                                 caplog):
+    caplog.set_level(logging.INFO, "shoal.router.kv")
+    ctx = zmq.asyncio.Context()
+    publisher = Publisher(ctx, vllm_frames["stream"])
+    index = KvIndex(disconnected_after=0.5)
+    sub, running = await _following(index, publisher.endpoints)
+    key = ("", 0)
+    try:
+        await _until(lambda: index.why_stale(key, sub.clock()) is None
+                     and index._groups[key].down_since is None, "the connection")
+        publisher.pub.close(linger=0)  # the engine went away
+        await _until(lambda: key in index.stale, "the group to go stale")
+        assert "KV events of group 0 stopped (no connection to its publisher" in caplog.text
+        back = ctx.socket(zmq.PUB)
+        back.bind(publisher.endpoints.events)
+        await _until(lambda: key not in index.stale, "the group to recover")
+        assert "KV events of group 0 resumed" in caplog.text
+        back.close(linger=0)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        publisher.close()
+        ctx.destroy(linger=0)

@@ -38,7 +38,8 @@ from shoal.router.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, KV
 
 ROOT = 0
 MAX_BLOCKS = 500_000
-STALE_S = 10.0
+STALE_S = 30.0  # traffic and no batch this long: stale
+DISCONNECTED_S = 3.0  # the publisher's connection down (or never up) this long: stale
 GPU_MEDIA = ("GPU", None)
 
 APPLIED = "applied"
@@ -75,6 +76,7 @@ class _Group:
     last_batch_at: float | None = None
     traffic_since: float | None = None  # first request routed to it since its last batch
     gap_at: int | None = None  # the start of the gap last reported
+    down_since: float | None = None  # when its publisher's connection went (None: it is up)
     block_size: int | None = None
     blocks: int = 0  # its (group, router hash) entries
     engine_to_router: dict = field(default_factory=dict)
@@ -94,9 +96,11 @@ class IndexStats:
 
 
 class KvIndex:
-    def __init__(self, max_blocks: int = MAX_BLOCKS, stale_after: float = STALE_S) -> None:
+    def __init__(self, max_blocks: int = MAX_BLOCKS, stale_after: float = STALE_S,
+                 disconnected_after: float = DISCONNECTED_S) -> None:
         self.max_blocks = max_blocks
         self.stale_after = stale_after
+        self.disconnected_after = disconnected_after
         self._groups: dict[GroupKey, _Group] = {}
         # (group, router hash) -> the group's engine hash(es) that map to it; LRU order.
         self._lru: OrderedDict[tuple[GroupKey, int], object] = OrderedDict()
@@ -290,15 +294,35 @@ class KvIndex:
     # ----- freshness ------------------------------------------------------------------------
 
     def note_traffic(self, group: GroupKey, now: float) -> None:
-        """A request was routed to `group`: if no batch follows within stale_after, it is stale."""
+        """A request was routed to `group`: if no batch follows within stale_after, it is stale
+        (long: a request whose prompt was all cached and whose output fills no block sends
+        none)."""
         g = self._groups.setdefault(group, _Group())
         if g.traffic_since is None:
             g.traffic_since = now
 
+    def set_connected(self, group: GroupKey, connected: bool, now: float) -> None:
+        """The subscription's connection to the group's publisher came up or went down (ZMQ's
+        socket monitor): down for disconnected_after makes the group stale."""
+        g = self._groups.setdefault(group, _Group())
+        if connected:
+            g.down_since = None
+        elif g.down_since is None:
+            g.down_since = now
+
+    def why_stale(self, group: GroupKey, now: float) -> str | None:
+        g = self._groups.get(group)
+        if g is None:
+            return None
+        if g.down_since is not None and now - g.down_since > self.disconnected_after:
+            return f"no connection to its publisher for {now - g.down_since:.0f} s"
+        if g.traffic_since is not None and now - g.traffic_since > self.stale_after:
+            return f"no batch for {now - g.traffic_since:.0f} s while it had traffic"
+        return None
+
     def refresh_stale(self, now: float) -> tuple[set, set]:
         """Recompute the stale set: (groups that became stale, groups that recovered)."""
-        stale = {k for k, g in self._groups.items()
-                 if g.traffic_since is not None and now - g.traffic_since > self.stale_after}
+        stale = {k for k in self._groups if self.why_stale(k, now) is not None}
         became, recovered = stale - self.stale, self.stale - stale
         self.stale = stale
         return became, recovered

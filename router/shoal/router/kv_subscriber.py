@@ -8,8 +8,9 @@ a DEALER sends (b"", start seq as 8 bytes); the ROUTER answers (b"", topic, seq,
 buffered batch from `start`, then (b"", b"", -1, b""). What the replay cannot cover (no replay
 endpoint, no answer within REPLAY_TIMEOUT_S, the buffer moved past it) clears that group
 (`accept_gap`) rather than trusting entries whose removal may have been missed. A tick each
-second recomputes which groups are stale (traffic but no batch for the index's stale_after):
-one log line per transition; the scorer then scores them by load only.
+second recomputes which groups are stale (the connection to the publisher down, per ZMQ's
+socket monitor, for the index's disconnected_after; or traffic but no batch for its
+stale_after): one log line per transition; the scorer then scores them by load only.
 
 Endpoints: until discovery carries them, a group's are its URL's host with the ports given to
 the router (`--kv-events-port`, `--kv-replay-port`), or given per group (`--kv-endpoint
@@ -30,6 +31,7 @@ import zmq
 import zmq.asyncio
 from shoal.router.kv_index import APPLIED, DUPLICATE, Gap, KvIndex
 from shoal.router.kv_wire import END_SEQ, decode_batch, decode_seq, encode_seq
+from zmq.utils.monitor import parse_monitor_message
 
 logger = logging.getLogger("shoal.router.kv")
 
@@ -122,10 +124,11 @@ class KvSubscriber:
             self.ctx.destroy(linger=0)
 
     def tick(self) -> None:
-        became, recovered = self.index.refresh_stale(self.clock())
+        now = self.clock()
+        became, recovered = self.index.refresh_stale(now)
         for key in became:
-            logger.warning("KV events of %s stopped: no batch for %g s while it had traffic; "
-                           "scoring it by load only", self._name(key), self.index.stale_after)
+            logger.warning("KV events of %s stopped (%s); scoring it by load only",
+                           self._name(key), self.index.why_stale(key, now))
         for key in recovered:
             logger.info("KV events of %s resumed", self._name(key))
 
@@ -140,6 +143,9 @@ class KvSubscriber:
             sub = self.ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.setsockopt(zmq.LINGER, 0)
+            monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            watch = asyncio.ensure_future(self._watch(key, monitor))
+            self.index.set_connected(key, False, self.clock())  # until it connects
             try:
                 sub.connect(ep.events)
                 logger.info("%s: following KV events at %s (replay %s)", group.name, ep.events,
@@ -153,8 +159,17 @@ class KvSubscriber:
                 logger.exception("%s: KV event subscription at %s failed; again in %g s",
                                  group.name, ep.events, RETRY_S)
             finally:
+                watch.cancel()
+                sub.disable_monitor()
+                monitor.close(linger=0)
                 sub.close(linger=0)
             await asyncio.sleep(RETRY_S)
+
+    async def _watch(self, key, monitor) -> None:
+        """The SUB socket's connection to the publisher, into the index (staleness)."""
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            self.index.set_connected(key, event == zmq.EVENT_CONNECTED, self.clock())
 
     def _decode(self, group, frames):
         if len(frames) != 3:
