@@ -7,7 +7,8 @@ Score of each candidate (usable, ready) group g for a prompt of P tokens:
     load(g)  = outstanding(g) / max(1, the most outstanding among the candidates)
 
 cached(g) is the index's longest cached prefix on g, in tokens; 0 for a stale group (its
-events stopped while it had traffic: its entries are not trusted, it competes by load only).
+publisher unreachable, or silent despite traffic: kv_index.why_stale; its entries are not
+trusted, it competes by load only).
 alpha = ALPHA (0.5): a group whose load is the highest gives up half a prompt's worth of hit.
 The highest score wins; ties are broken at random (an injectable RNG). A miss (no candidate
 caches any of the prompt, or a prompt the router cannot tokenize exactly) goes to the least
