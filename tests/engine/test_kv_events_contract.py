@@ -183,3 +183,13 @@ def test_the_config_crosses_to_the_engine_process_as_the_spawner_sends_it(tiny_m
     assert EngineConfig(model=tiny_model).kv_events_config is None
     with pytest.raises(ValueError, match="publisher must be"):
         EngineConfig(model=tiny_model, kv_events_config={"publisher": "kafka"})
+
+
+def test_an_engine_without_the_flag_has_no_publisher_and_builds_nothing(make_engine, tiny_model):
+    for events in (None, {"enable_kv_cache_events": True, "publisher": "null"},
+                   {"publisher": "zmq"}):
+        core = make_engine(tiny_model, max_model_len=128, kv_events_config=events)
+        assert core.kv_event_publisher is None and core.scheduler.kv.pool.events is None
+        core.add_request(request("x", list(range(10, 60)), max_tokens=2))
+        run_to_completion(core)
+        assert core.reset_prefix_cache() and core.scheduler.kv.pool.events is None

@@ -101,7 +101,8 @@ class EngineCore:
 
         try:
             publisher = ZmqEventPublisher(events)
-        except BaseException:
+        except BaseException:  # the endpoint cannot bind: nothing may be left running
+            self.structured_output_manager.shutdown()
             self.model_executor.shutdown()
             raise
         self.scheduler.kv.pool.enable_events()
