@@ -250,6 +250,8 @@ def test_rendering_is_deterministic():
         ("llm", {"model": "m", "runtime": "VLLM", "image": "vllm/vllm-openai:v0.11.0",
                  "nodesPerGroup": 2, "tensorParallelSize": 2},
          "spec.nodesPerGroup 2 needs vLLM >= 0.11.1"),
+        ("llm", {"model": "m", "frontend": {"routing": "kv-aware"}},
+         "kv-aware is not rendered by this operator yet"),
     ],
 )
 def test_cross_field_problems_say_what_to_fix(name, spec, problem):
