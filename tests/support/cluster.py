@@ -187,8 +187,8 @@ def inference_engine(name: str, *, replicas: int = 1, nodes_per_group: int = 1,
     return (b.groups(replicas).ranks(nodes_per_group, tp=tensor_parallel).drain(shutdown_s)
             .engine(extraArgs=["--max-model-len", str(max_model_len), "--max-num-seqs", "16",
                                *(extra_args or [])],
-                    startupTimeoutSeconds=300,
-                    **{"resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                    **{"startupTimeoutSeconds": 300,
+                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                      "limits": {"memory": "4Gi"}},
                        **(engine_overrides or {})})
             .frontend(replicas=1, resources={"requests": {"cpu": "50m", "memory": "64Mi"}})
