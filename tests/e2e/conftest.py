@@ -16,3 +16,4 @@ def new_ns(cluster):  # noqa: F811
     yield make
     for ns in made:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+from support.vllm_image import vllm_image  # noqa: E402, F401 - runtime: VLLM tests

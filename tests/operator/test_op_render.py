@@ -77,6 +77,8 @@ def test_rank_command_lines_and_probes(rank, headless, has_http, probes):
     assert probes == {k for k in c if k.endswith("Probe")}
     assert pod["spec"]["hostname"] == f"llm-g1-r{rank}" and pod["spec"]["subdomain"] == "llm-ranks"
     assert pod["spec"]["restartPolicy"] == "Never"
+    # A Service named `vllm` would otherwise set VLLM_PORT=tcp://..., which vLLM refuses.
+    assert pod["spec"]["enableServiceLinks"] is False
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # A rank's place in its group is its command line (above); the environment holds only

@@ -161,6 +161,10 @@ def operator_pod(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> dic
             # The operator, not the kubelet, restarts: a dead rank must take its whole group
             # down, and an in-place restart would hide the death from everyone.
             "restartPolicy": "Never",
+            # No service-link variables: a Service named `vllm` in the namespace would set
+            # VLLM_PORT=tcp://IP:PORT, which vLLM refuses at start (seen on real pods, e2e);
+            # engines find everything by DNS.
+            "enableServiceLinks": False,
             "terminationGracePeriodSeconds": grace_seconds(spec),
             **({"initContainers": inits} if inits else {}),
             "containers": [_engine_container(ref, spec, group, rank)],

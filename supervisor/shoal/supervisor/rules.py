@@ -44,6 +44,12 @@ CPU_KV = ("ValueError: Available memory on node 0 (21.4/23.54 GiB) on kv cache a
 OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
        "allocate memory: you tried to allocate 70368744177664 bytes. Error code 12 (Cannot "
        "allocate memory)",)
+# vllm/envs.py on a pod whose namespace has a Service named `vllm`: the kubelet's service links
+# set VLLM_PORT=tcp://IP:PORT (seen on the dev cluster's pods, e2e; the operator now sets
+# enableServiceLinks: false on engine pods, but a user's env can still set it).
+VLLM_PORT_URI = ("ValueError: VLLM_PORT 'tcp://10.96.144.178:8000' appears to be a URI. This may "
+                 "be caused by a Kubernetes service discovery issue,check the warning in: "
+                 "https://docs.vllm.ai/en/latest/configuration/env_vars.html",)
 # Real lines of the same logs that name no fault.
 ULIMIT = ("Found ulimit of 20000 and failed to automatically increase with error current limit "
           "exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too "
@@ -74,6 +80,8 @@ RULES: tuple[TextRule, ...] = (
                         r"is not a local folder and is not a valid model identifier|"
                         r"Repository Not Found for url"),
              Cause.MODEL_NOT_FOUND, (NO_MODEL,), (ULIMIT, ARCH_OK)),
+    TextRule(re.compile(r"VLLM_PORT '[^']*' (appears to be a URI|must be a valid integer)"),
+             Cause.CONFIG_ERROR, VLLM_PORT_URI, (ULIMIT, CONSEQUENCE)),
     # Generic ones last: a more specific cause above wins.
     TextRule(re.compile(r"(?m)^[\w. /-]+: error: (unrecognized arguments|argument |"
                         r"the following arguments are required)|"
