@@ -7,6 +7,7 @@ restarted; delete with streams in flight drains with vLLM's `--shutdown-timeout`
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -111,7 +112,9 @@ def _kill_named_and_recovered(cluster, served, title: str, process: str) -> dict
     # The supervisor's message, through the real kubelet: the process, its pid and the signal.
     assert lf["group"] == 0 and lf["rank"] == 0 and lf["permanent"] is False, lf
     assert lf.get("process", "").startswith(process), lf
-    assert "SIGKILL" in lf["message"] and str(lf.get("pid")) in killed, (lf, killed)
+    (pid,) = json.loads(killed)
+    assert lf["message"].startswith(f"{lf['process']} (pid {pid}, rank 0) killed by SIGKILL"), \
+        (lf, killed)
     assert lf["exitCode"] != 0, lf  # vLLM itself exits 0 after its EngineCore died
     for s in streams:
         s.join(120)
