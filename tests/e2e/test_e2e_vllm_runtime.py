@@ -120,7 +120,8 @@ def _kill_named_and_recovered(cluster, served, title: str, process: str) -> dict
         s.join(120)
         assert not s.is_alive(), f"a stream hung after {title} was killed"
     died = wait_for(lambda: [e for e in events(cluster, ns, "EngineDied")
-                             if process in e["message"]], timeout=30, what="EngineDied")
+                             if f"process {process} " in e["message"]], timeout=30,
+                   what="EngineDied")
     assert f"process {lf['process']}" in died[-1]["message"], died[-1]
     wait_for(lambda: cluster.get("pod", pod, "-n", ns)["metadata"]["uid"] != old_uid,
              timeout=120, interval=0.5, what="rank 0 recreated", ignore=(AssertionError,))
