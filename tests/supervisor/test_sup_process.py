@@ -196,10 +196,12 @@ def test_an_unasked_end_is_never_exit_0_and_always_says_why(tmp_path, bundle, co
 
 def test_an_orphan_is_reaped_and_its_exit_status_reported(tmp_path, bundle, start):
     # The child leaves a grandchild behind: it comes to us (PR_SET_CHILD_SUBREAPER) and we reap
-    # it, so its exit code is known although its parent is gone.
+    # it, so its exit code is known although its parent is gone. It lives 3 s, several of the
+    # supervisor's 0.5 s scans: one that ended before any scan saw its title would be nobody's
+    # (seen once in CI with 1 s on the loaded 2-core machine).
     child = script(tmp_path, "child.py", """
         import subprocess
-        p = subprocess.Popen(["bash", "-c", "exec -a VLLM::Worker_TP0 bash -c 'sleep 1; exit 5'"])
+        p = subprocess.Popen(["bash", "-c", "exec -a VLLM::Worker_TP0 bash -c 'sleep 3; exit 5'"])
         print(p.pid, flush=True)
     """)
     log = tmp_path / "termination-log"

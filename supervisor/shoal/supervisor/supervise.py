@@ -18,6 +18,7 @@ from shoal.supervisor.vllm_log import LogMemory
 SCAN_S = 0.5
 # After our child ends, how long its descendants may still hold the pipes open.
 DRAIN_S = 5.0
+REAP_GRACE_S = 0.2  # after the last pipe closed
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -112,6 +113,13 @@ def loop(child: Child, watch: ProcWatch, log: LogMemory, wake_r: int) -> Proc:
         for fd in polled - set(watch.fds()):  # closed by watch.reaped
             poller.unregister(fd)
             polled.discard(fd)
+    # An orphan's pipes close a moment before it becomes a zombie (seen in CI: its status was
+    # lost and the report named the API server instead): reap what ends just after them.
+    end = time.monotonic() + REAP_GRACE_S
+    while time.monotonic() < end:
+        for pid, wstatus in reaper.reap():
+            watch.reaped(pid, wstatus, os.getpid())
+        time.sleep(0.02)
     for name in ("stdout", "stderr"):
         log.close(name)
     return child_proc
