@@ -79,8 +79,8 @@ def fetch_env(hub_url: str, tmp: Path, token: str | None = None) -> dict:
     return env
 
 
-def fetch_cmd(uri: str, cache: Path) -> list[str]:
-    return [sys.executable, "-m", "shoal.cli", "fetch", uri, "--cache-dir", str(cache)]
+def fetch_cmd(uri: str, cache: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "shoal.cli", "fetch", uri, "--cache-dir", str(cache), *extra]
 
 
 def finished(proc: subprocess.Popen, env: dict, timeout: float = 120) -> Fetched:
@@ -90,15 +90,15 @@ def finished(proc: subprocess.Popen, env: dict, timeout: float = 120) -> Fetched
     return Fetched(proc.returncode, out, err, msg)
 
 
-def start_fetch(uri: str, cache: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen(fetch_cmd(uri, cache), env=env, text=True,
+def start_fetch(uri: str, cache: Path, env: dict, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(fetch_cmd(uri, cache, *extra), env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def run_fetch(uri: str, cache: Path, hub_url: str, tmp: Path, token: str | None = None,
-              timeout: float = 120) -> Fetched:
+              timeout: float = 120, extra: tuple[str, ...] = ()) -> Fetched:
     env = fetch_env(hub_url, tmp, token)
-    return finished(start_fetch(uri, cache, env), env, timeout)
+    return finished(start_fetch(uri, cache, env, *extra), env, timeout)
 
 
 @pytest.fixture(scope="session")

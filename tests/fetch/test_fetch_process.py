@@ -56,6 +56,35 @@ def test_fetch_fills_a_valid_cache_once(hub_root, tmp_path, cdn) -> None:
         hub.kill()
 
 
+def test_a_tokenizer_fetch_takes_no_weights_and_the_router_tokenizes_from_it(hub_root,
+                                                                              tmp_path) -> None:
+    """`--files tokenizer` (a kv-aware frontend's init container): no weights; the router finds
+    the snapshot by the fetcher's refs and tokenizes as the engine's tokenizer does; an engine
+    fetch into the same cache is not fooled into taking it for a whole model."""
+    from shoal.contract.model_fetch import cached_snapshot, parse_hf
+    from shoal.router.kv_score import load_encoder
+    from transformers import AutoTokenizer
+
+    hub = Hub(hub_root, tmp_path / "hub.log")
+    try:
+        cache = tmp_path / "cache"
+        got = run_fetch(URI, cache, hub.url, tmp_path, extra=("--files", "tokenizer"))
+        assert got.rc == 0, got.out + got.err
+        files = model_files(hub_root)
+        taken = {n for n in files if not n.endswith(".safetensors")}
+        assert hub.downloads() == {f"{REPO_ID}/{name}": 1 for name in taken}
+        snapshot = cached_snapshot(str(cache), parse_hf(URI))
+        text = "The billing team answers questions about invoices. " * 4
+        ids = load_encoder(snapshot).encode(text)
+        assert ids == AutoTokenizer.from_pretrained(snapshot)(text)["input_ids"]
+
+        whole = run_fetch(URI, cache, hub.url, tmp_path)
+        assert whole.rc == 0, whole.out + whole.err
+        assert hub.downloads()[f"{REPO_ID}/model.safetensors"] == 1
+    finally:
+        hub.kill()
+
+
 def test_concurrent_fetches_into_one_cache_download_each_file_once(hub_root, tmp_path) -> None:
     # Slowed to ~6 s a download, so the others start while the first holds the lock.
     hub = Hub(hub_root, tmp_path / "hub.log", "--throttle", "5000000")

@@ -18,6 +18,7 @@ Standard library only, append-only: a pod of an older release reads what a newer
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -38,6 +39,10 @@ ENDPOINT_ENV = "HF_ENDPOINT"
 ENGINE_FILES = (
     "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja",
 )
+# What a router needs to tokenize as the engine does (routing kv-aware): the engine files but
+# the weights. `shoal fetch --files tokenizer`, into a frontend pod's own cache.
+TOKENIZER_FILES = tuple(p for p in ENGINE_FILES if p != "*.safetensors")
+FILE_SETS = {"engine": ENGINE_FILES, "tokenizer": TOKENIZER_FILES}
 
 # hf://ORG/NAME[@REVISION]: the hub's repo-id rules (letters, digits, `-_.`, no `--` or `..`
 # edges are left to the hub), a revision without spaces or `@`.
@@ -68,9 +73,27 @@ def parse_hf(uri: str) -> HubRef:
     return HubRef(repo, rev or DEFAULT_REVISION)
 
 
-def fetch_command(ref: HubRef) -> list[str]:
-    """The init container's command line."""
-    return ["shoal", "fetch", ref.uri, "--cache-dir", CACHE_DIR]
+def fetch_command(ref: HubRef, files: str = "engine") -> list[str]:
+    """The init container's command line; `files` names one of FILE_SETS."""
+    extra = [] if files == "engine" else ["--files", files]
+    return ["shoal", "fetch", ref.uri, "--cache-dir", CACHE_DIR, *extra]
+
+
+def cached_snapshot(cache_dir: str, ref: HubRef) -> str:
+    """The snapshot folder of `ref` in a huggingface_hub cache the fetcher filled (its
+    refs/REVISION names the commit; a commit revision is its own); FileNotFoundError names the
+    missing ref."""
+    folder = os.path.join(cache_dir, "models--" + ref.repo_id.replace("/", "--"))
+    commit = ref.revision
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        refs = os.path.join(folder, "refs", ref.revision)
+        try:
+            with open(refs) as f:
+                commit = f.read().strip()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{ref.uri} is not in the cache {cache_dir} (no {refs}; "
+                                    "`shoal fetch` writes it)") from None
+    return os.path.join(folder, "snapshots", commit)
 
 
 # -- progress ------------------------------------------------------------------------------

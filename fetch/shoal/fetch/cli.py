@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from shoal.contract.model_fetch import ENDPOINT_ENV, TOKEN_ENV, HubRef, parse_hf
+from shoal.contract.model_fetch import ENDPOINT_ENV, FILE_SETS, TOKEN_ENV, HubRef, parse_hf
 from shoal.contract.termination import Cause, write_termination_message
 from shoal.fetch.errors import PERMANENT_EXIT, Context, classify, scrub
 
@@ -26,6 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None,
                    help="the cache (huggingface_hub's layout; default: huggingface_hub's own, "
                         "HF_HUB_CACHE or HF_HOME/hub)")
+    p.add_argument("--files", choices=sorted(FILE_SETS), default="engine",
+                   help="engine: what `serve` loads (weights too); tokenizer: what a router "
+                        "needs to tokenize as the engine does (no weights)")
     p.add_argument("--max-workers", type=int, default=8,
                    help="files downloaded at once (snapshot_download's max_workers)")
     return p
@@ -56,7 +59,8 @@ def main(argv: list[str]) -> int:
     cache_dir = args.cache_dir or constants.HF_HUB_CACHE
     ctx = Context(ref, constants.ENDPOINT, (token or get_token()) is not None)
     try:
-        fetch(ref, cache_dir, token=token, emit=emit, max_workers=args.max_workers)
+        fetch(ref, cache_dir, token=token, emit=emit, max_workers=args.max_workers,
+              patterns=FILE_SETS[args.files])
     except Exception as exc:  # noqa: BLE001 - every failure is classified and named
         failure = classify(exc, ctx)
         return _fail(failure.cause, scrub(failure.message, token), failure.exit_code)

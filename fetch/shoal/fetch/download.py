@@ -97,9 +97,11 @@ def _gib(n: int) -> str:
     return f"{n / _GIB:.2f} GiB"
 
 
-def _verified(cache_dir, ref: HubRef, since: float | None = None) -> Result | None:
+def _verified(cache_dir, ref: HubRef, since: float | None = None,
+              patterns: tuple[str, ...] = ENGINE_FILES) -> Result | None:
     """The snapshot refs/REVISION names, when its record (written since `since`, if given)
-    still holds; None otherwise."""
+    still holds and has weights if `patterns` asks for them (a tokenizer-only fetch into the
+    same cache must not pass for an engine's); None otherwise."""
     commit = read_ref(cache_dir, ref)
     if commit is None:
         return None
@@ -111,13 +113,16 @@ def _verified(cache_dir, ref: HubRef, since: float | None = None) -> Result | No
     files = verify.recorded_files(cache_dir, ref.repo_id, commit) if fresh else None
     if not files or not verify.record_holds(cache_dir, ref.repo_id, commit, files):
         return None
+    if "*.safetensors" in patterns and not any(f.name.endswith(".safetensors") for f in files):
+        return None
     return Result(commit, len(files), sum(f.size for f in files), 0, 0.0, True)
 
 
 def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
-          emit: Callable[[str], None], max_workers: int = 8) -> Result:
-    """Fetch `ref` into `cache_dir` (a huggingface_hub cache); raises what the hub raised, or
-    HashMismatch / NoEngineFiles."""
+          emit: Callable[[str], None], max_workers: int = 8,
+          patterns: tuple[str, ...] = ENGINE_FILES) -> Result:
+    """Fetch `ref`'s files that `patterns` keep (FILE_SETS) into `cache_dir` (a huggingface_hub
+    cache); raises what the hub raised, or HashMismatch / NoEngineFiles."""
     from huggingface_hub import HfApi, snapshot_download
 
     say = lambda text: emit(f"fetch {ref.repo_id}@{ref.revision}: {text}")  # noqa: E731
@@ -132,7 +137,7 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
     with repo_lock(cache_dir, ref, on_wait=lambda p: say(f"waiting for another fetch ({p})"),
                    while_waiting=report_holder) as held:
         if held.waited:
-            done = _verified(cache_dir, ref, since=held.wait_began)
+            done = _verified(cache_dir, ref, since=held.wait_began, patterns=patterns)
             if done is not None:
                 say(f"cached (commit {done.commit[:12]}, {done.files} files, "
                     f"{_gib(done.total_bytes)}, verified by the fetch this one waited "
@@ -144,7 +149,7 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
         except Exception as exc:
             # The hub unreachable or failing (never a refusal or a not-found): a snapshot this
             # cache verified for the revision serves, as an offline engine would serve it.
-            done = _verified(cache_dir, ref) if is_transient(exc) else None
+            done = _verified(cache_dir, ref, patterns=patterns) if is_transient(exc) else None
             if done is None:
                 raise
             say(f"cached (commit {done.commit[:12]}, {done.files} files, "
@@ -152,10 +157,10 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
                 f"verified; the hub is unreachable now: {type(exc).__name__})")
             return done
         commit = info.sha
-        expected = verify.expected_files(info.siblings)
+        expected = verify.expected_files(info.siblings, patterns)
         if not expected:
             names = ", ".join(s.rfilename for s in (info.siblings or ())[:8]) or "none"
-            raise NoEngineFiles(f"none of {', '.join(ENGINE_FILES)} among its files: {names}")
+            raise NoEngineFiles(f"none of {', '.join(patterns)} among its files: {names}")
         total = sum(e.size for e in expected)
         snapshot = verify.snapshot_dir(cache_dir, ref.repo_id, commit)
         if verify.record_holds(cache_dir, ref.repo_id, commit, expected) or (
@@ -173,7 +178,7 @@ def fetch(ref: HubRef, cache_dir: str | os.PathLike, *, token: str | None,
         try:
             with Reporter(ref, blobs, expected, emit):
                 snapshot_download(ref.repo_id, revision=commit, cache_dir=str(cache_dir),
-                                  allow_patterns=list(ENGINE_FILES), token=token,
+                                  allow_patterns=list(patterns), token=token,
                                   max_workers=max_workers)
         finally:
             inflight.unlink(missing_ok=True)

@@ -38,19 +38,19 @@ class Expected:
         return self.sha256 or self.blob_id
 
 
-def engine_files(names: Iterable[str]) -> list[str]:
-    """The names snapshot_download keeps with allow_patterns=ENGINE_FILES (its own filter)."""
+def engine_files(names: Iterable[str], patterns: Iterable[str] = ENGINE_FILES) -> list[str]:
+    """The names snapshot_download keeps with allow_patterns=`patterns` (its own filter)."""
     from huggingface_hub.utils import filter_repo_objects
 
-    return list(filter_repo_objects(list(names), allow_patterns=list(ENGINE_FILES)))
+    return list(filter_repo_objects(list(names), allow_patterns=list(patterns)))
 
 
-def expected_files(siblings) -> tuple[Expected, ...]:
-    """Expected files from model_info's siblings (RepoSibling), engine files only.
+def expected_files(siblings, patterns: Iterable[str] = ENGINE_FILES) -> tuple[Expected, ...]:
+    """Expected files from model_info's siblings (RepoSibling), those `patterns` keep only.
     ValueError when the hub gave no size (model_info was called without files_metadata)."""
     by_name = {s.rfilename: s for s in siblings or ()}
     out = []
-    for name in engine_files(by_name):
+    for name in engine_files(by_name, patterns):
         s = by_name[name]
         if s.size is None:
             raise ValueError(f"the hub gave no size for {name}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -182,8 +183,16 @@ def _raise(message):
 
 
 def load_encoder(path: str) -> PromptTokenizer:
-    """The PromptTokenizer of a model folder (or its tokenizer.json); ValueError names what is
-    missing."""
+    """The PromptTokenizer of a model folder (or its tokenizer.json), or of `hf://ORG/NAME@REV`
+    in the huggingface_hub cache at $HF_HUB_CACHE that `shoal fetch --files tokenizer` filled
+    (a kv-aware frontend pod's init container); ValueError names what is missing."""
+    if path.startswith("hf://"):
+        from shoal.contract.model_fetch import CACHE_DIR, cached_snapshot, parse_hf
+
+        try:
+            path = cached_snapshot(os.environ.get("HF_HUB_CACHE") or CACHE_DIR, parse_hf(path))
+        except FileNotFoundError as exc:
+            raise ValueError(f"kv-aware routing needs the model's tokenizer: {exc}") from None
     return PromptTokenizer(path)
 
 
