@@ -253,7 +253,7 @@ def test_rendering_is_deterministic():
                  "nodesPerGroup": 2, "tensorParallelSize": 2},
          "spec.nodesPerGroup 2 needs vLLM >= 0.11.1"),
         ("llm", {"model": "m", "frontend": {"routing": "kv-aware"}},
-         "kv-aware is not rendered by this operator yet"),
+         "kv-aware needs the model's tokenizer in the frontends"),
     ],
 )
 def test_cross_field_problems_say_what_to_fix(name, spec, problem):

@@ -74,6 +74,9 @@ CASES = {
     "two-nodes-rank0": (_vllm(2, 2, engine={"extraArgs": EXTRA}), 1, 0),
     "two-nodes-headless": (_vllm(2, 2, engine={"extraArgs": EXTRA}), 1, 1),
     "four-nodes-headless": (_vllm(4, 8), 0, 3),
+    "kv-aware-rank0": (_vllm(1, 1, frontend={"routing": "kv-aware"}, model="/models/m",
+                             modelVolume={"mountPath": "/models",
+                                          "volume": {"hostPath": {"path": "/srv/m"}}}), 0, 0),
     "release-without-drain-flag": (
         _vllm(2, 2, image="registry.local/vllm:prod", runtimeVersion="0.17.1"),
         0,
@@ -142,6 +145,16 @@ def test_the_drain_reaches_vllm_only_where_its_release_has_the_flag(vllm_parsed)
     old = vllm_parsed["release-without-drain-flag"]
     assert "--shutdown-timeout" not in old["pod"]["spec"]["containers"][0]["args"]
     assert old["args"]["shutdown_timeout"] == 0  # vLLM's default: abort on SIGTERM
+
+
+@COLD_BUILD
+def test_vllm_takes_the_kv_events_config_the_operator_renders_for_kv_aware(vllm_parsed):
+    """vLLM's own KVEventsConfig from the rendered flag (its repr: the parser's object as the
+    parser process printed it): enabled, ZMQ, on the ports the frontends subscribe to."""
+    got = str(vllm_parsed["kv-aware-rank0"]["args"]["kv_events_config"])
+    for part in ("enable_kv_cache_events=True", "publisher='zmq'", "endpoint='tcp://*:5557'",
+                 "replay_endpoint='tcp://*:5558'"):
+        assert part in got, got
 
 
 @COLD_BUILD

@@ -59,7 +59,7 @@ PARSER_DEPS = (
 # What the parse reports back from vLLM's namespace (the rest is vLLM's defaults).
 REPORTED = ("subparser", "model_tag", "served_model_name", "tensor_parallel_size",
             "shutdown_timeout", "host", "port", "headless", "nnodes", "node_rank", "master_addr",
-            "master_port", "max_model_len")
+            "master_port", "max_model_len", "kv_events_config")
 
 
 def _serve_parser():

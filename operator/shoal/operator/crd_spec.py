@@ -122,10 +122,14 @@ def _frontend() -> dict:
                            f"whatever the `runtime`). Example: `{image}`. Default: `{image}`.",
                            default=image),
             "routing": typed("string", "routing is how a frontend picks a group for a request: "
-                             "`least-outstanding` (fewest requests in flight) or "
+                             "`least-outstanding` (fewest requests in flight), "
                              "`prefix-affinity` (requests sharing a prompt prefix go to the "
                              "group that served it, so its prefix cache is reused, while its "
-                             "load stays within a bound). Example: `prefix-affinity`. Default: "
+                             "load stays within a bound) or `kv-aware` (by what each group's "
+                             "KV cache holds, from the engines' KV events: rank 0 publishes "
+                             "them on ports 5557 and 5558, and each frontend reads the model's "
+                             "tokenizer, so the model must be hf://, oci://, pvc:// or on "
+                             "`modelVolume`). Example: `kv-aware`. Default: "
                              f"`{DEFAULTS['frontend.routing']}`.",
                              enum=list(ROUTINGS), default=DEFAULTS["frontend.routing"]),
             "resources": _resources("frontend"),

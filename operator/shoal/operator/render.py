@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from shoal.contract import discovery
 from shoal.contract.routing import ROUTING_ENV
+from shoal.operator import kv_parts, template
 from shoal.operator import labels as L
-from shoal.operator import template
 from shoal.operator.render_common import (
     SHUTDOWN_MARGIN_SECONDS,
     common_labels,
@@ -88,6 +88,9 @@ def _frontend_container(ref: EngineRef, spec: EngineSpec) -> dict:
                 {"name": ROUTING_ENV, "value": spec.frontend_routing}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    kv = kv_parts.frontend_parts(spec)  # kv-aware: the model's tokenizer, the events' ports
+    container["volumeMounts"] += kv.mounts
+    container["env"] += kv.env
     if spec.frontend_resources:
         container["resources"] = spec.frontend_resources
     return container
@@ -97,12 +100,14 @@ def frontend_operator_template(ref: EngineRef, spec: EngineSpec) -> dict:
     """The frontends' pod template before spec.frontend.template: validation checks a template
     against it."""
     volume = {"name": "discovery", "configMap": {"name": discovery.configmap_name(ref.name)}}
+    kv = kv_parts.frontend_parts(spec)
     return {
         "metadata": {"labels": common_labels(ref.name, L.COMPONENT_FRONTEND)},
         "spec": {
             "serviceAccountName": L.frontend_name(ref.name),
+            **({"initContainers": kv.init_containers} if kv.init_containers else {}),
             "containers": [_frontend_container(ref, spec)],
-            "volumes": [volume],
+            "volumes": [volume, *kv.volumes],
             "terminationGracePeriodSeconds": grace_seconds(spec),
         },
     }

@@ -1,8 +1,9 @@
 """Engine groups rendered: the headless Service that names every rank, and one pod per rank
 (`NAME-gG-rR`, owned directly by the InferenceEngine, no StatefulSet) with its command line,
 environment and probes, the model's volumes and init container (model_volumes.py, per model
-source), Shoal's supervisor in front of a stock vLLM (supervisor_parts.py), and the user's
-`spec.engine.template` merged over it (template.py). Pure, like render.py."""
+source), rank 0's KV events for kv-aware routing (kv_parts.py), Shoal's supervisor in front of
+a stock vLLM (supervisor_parts.py), and the user's `spec.engine.template` merged over it
+(template.py). Pure, like render.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import math
 
 from shoal.contract import env as engine_env_names
 from shoal.contract.termination import DEFAULT_PATH as TERMINATION_MESSAGE_PATH
+from shoal.operator import kv_parts, template, vllm_version
 from shoal.operator import labels as L
-from shoal.operator import template, vllm_version
 from shoal.operator.model_volumes import model_parts
 from shoal.operator.render_common import engine_selector, grace_seconds, metadata, with_hash
 from shoal.operator.spec import EngineRef, EngineSpec
@@ -64,6 +65,7 @@ def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list
         args += ["--shutdown-timeout", str(spec.shutdown_timeout_seconds)]
     if rank == 0:
         args += ["--host", "0.0.0.0", "--port", str(L.HTTP_PORT)]
+    args += kv_parts.engine_args(spec, rank)  # routing kv-aware: rank 0 publishes KV events
     if nodes > 1:
         if rank > 0:
             args.append("--headless")
@@ -113,7 +115,8 @@ def _engine_container(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -
         **({"command": cmd} if (cmd := engine_command(spec)) else {}),
         "args": engine_args(ref, spec, group, rank),
         "env": engine_env(spec),
-        "ports": ports + [{"name": "dist", "containerPort": spec.master_port, "protocol": "TCP"}],
+        "ports": ports + kv_parts.engine_ports(spec, rank)
+        + [{"name": "dist", "containerPort": spec.master_port, "protocol": "TCP"}],
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],

@@ -6,9 +6,15 @@ operator creates nothing for it; existing children are left as they are.
 
 from __future__ import annotations
 
-from shoal.contract.routing import KV_AWARE
+from shoal.operator import (
+    kv_parts,
+    model_source,
+    model_volumes,
+    supervisor_parts,
+    template,
+    vllm_version,
+)
 from shoal.operator import labels as L
-from shoal.operator import model_source, model_volumes, supervisor_parts, template, vllm_version
 from shoal.operator.render import frontend_operator_template, operator_pod
 from shoal.operator.spec import EngineRef, EngineSpec
 
@@ -56,13 +62,7 @@ def spec_problems(name: str, spec: EngineSpec) -> list[str]:
     if spec.model_volume is not None:
         problems += _volume_problems(spec.model_volume.get("volume") or {})
     problems += model_source.problems(spec.model) + source_problems(spec)
-    if spec.frontend_routing == KV_AWARE:
-        # The routers and the engine have it (docs/router.md); the operator does not yet render
-        # the engines' --kv-events-config and ports or the frontends' tokenizer, so a frontend
-        # would refuse to start: say so here instead of crash-looping it.
-        problems.append("spec.frontend.routing: kv-aware is not rendered by this operator yet "
-                        "(engine KV events and the frontends' tokenizer); use prefix-affinity "
-                        "or least-outstanding")
+    problems += kv_parts.problems(spec)
     return problems + template_problems(name, spec) + vllm_version.problems(spec)
 
 
@@ -106,7 +106,7 @@ def template_problems(name: str, spec: EngineSpec) -> list[str]:
                               L.ENGINE_CONTAINER, {}, owned_inits)
             + template.problems("spec.frontend.template", spec.frontend_template,
                                 frontend_operator_template(ref, spec), L.FRONTEND_CONTAINER,
-                                template.FRONTEND_OWNED_POD))
+                                template.FRONTEND_OWNED_POD, model_volumes.OWNED_INIT_CONTAINERS))
 
 
 def _volume_problems(volume: dict) -> list[str]:
