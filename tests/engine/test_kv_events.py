@@ -201,9 +201,11 @@ def test_publisher_numbers_batches_and_replays_from_a_sequence(tmp_path):
         assert all(b.events[0].block_hashes == [s] and b.data_parallel_rank == 0
                    for _, s, b in received)
         # replay: the buffer holds the last 3 batches; ask from one of them, and from the start
+        # (before the buffer: one snapshot batch under the last number, kv_snapshot.py)
         req = ctx.socket(zmq.DEALER)
         req.connect(cfg.replay_endpoint)
-        for start, want in ((n + 2, [n + 2, n + 3]), (0, [n + 1, n + 2, n + 3])):
+        for start, want in ((n + 2, [n + 2, n + 3]), (n + 1, [n + 1, n + 2, n + 3]),
+                            (0, [n + 3])):
             req.send_multipart([b"", (start).to_bytes(8, "big")])
             got = []
             while True:
@@ -213,7 +215,11 @@ def test_publisher_numbers_batches_and_replays_from_a_sequence(tmp_path):
                     assert topic == b"" and payload == b""
                     break
                 got.append(int.from_bytes(seq, "big"))
-                assert decoder.decode(payload).events[0].block_hashes == [got[-1]]
+                events = decoder.decode(payload).events
+                if start >= n + 1:
+                    assert events[0].block_hashes == [got[-1]]
+                else:  # removals of blocks never stored: an empty cache
+                    assert events == [kv_events.AllBlocksCleared()]
             assert got == want
         req.close(linger=0)
     finally:
@@ -235,3 +241,34 @@ def test_a_taken_endpoint_is_a_startup_error_naming_it(tmp_path):
     finally:
         taken.close(linger=0)
         ctx.term()
+
+
+def _stored(hashes, parent, tokens, bs=2) -> kv_events.BlockStored:
+    return kv_events.BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+                                 block_size=bs, lora_id=None, medium="GPU", lora_name=None,
+                                 group_idx=0)
+
+
+@pytest.mark.parametrize(("batches", "want"), [
+    # (hash, parent, tokens) in the order the snapshot must list them
+    ([[_stored([1, 2], None, [10, 11, 12, 13])]], [(1, None, [10, 11]), (2, 1, [12, 13])]),
+    ([[_stored([1, 2, 3], None, [1, 2, 3, 4, 5, 6])], [kv_events.block_removed([3])]],
+     [(1, None, [1, 2]), (2, 1, [3, 4])]),
+    # the parent evicted and stored again after its child: still listed first
+    ([[_stored([1, 2], None, [1, 2, 3, 4])], [kv_events.block_removed([1])],
+      [_stored([1], None, [1, 2])]], [(1, None, [1, 2]), (2, 1, [3, 4])]),
+    # a child whose parent is gone stays (as the engine's cache holds it), naming its parent
+    ([[_stored([1, 2], None, [1, 2, 3, 4])], [kv_events.block_removed([1])]], [(2, 1, [3, 4])]),
+    ([[_stored([1], None, [1, 2])], [kv_events.AllBlocksCleared()],
+      [_stored([5], None, [7, 8])]], [(5, None, [7, 8])]),
+])
+def test_the_snapshot_lists_what_the_events_left_parents_first(batches, want):
+    from shoal.engine.core.kv_snapshot import CacheMirror
+
+    mirror = CacheMirror()
+    for i, events in enumerate(batches):
+        mirror.apply(KVEventBatch(ts=float(i + 1), events=events))
+    snap = mirror.snapshot()
+    assert snap.ts == float(len(batches)) and snap.events[0] == kv_events.AllBlocksCleared()
+    got = [(e.block_hashes[0], e.parent_block_hash, e.token_ids) for e in snap.events[1:]]
+    assert got == want

@@ -193,3 +193,52 @@ def test_an_engine_without_the_flag_has_no_publisher_and_builds_nothing(make_eng
         core.add_request(request("x", list(range(10, 60)), max_tokens=2))
         run_to_completion(core)
         assert core.reset_prefix_cache() and core.scheduler.kv.pool.events is None
+
+
+@pytest.mark.process
+@pytest.mark.timeout(1800)
+def test_the_replay_snapshot_is_the_engines_cache_in_vllms_classes(make_engine, tiny_model,
+                                                                    tmp_path):
+    """A replay from before the buffer (2 batches here) is answered with one snapshot batch:
+    vLLM's classes decode it, it begins by clearing, and its blocks are exactly the engine's
+    cached blocks, each with its parent stored before it and its own tokens."""
+    ensure_vllm_cli()
+    endpoint, replay_endpoint = f"ipc://{tmp_path}/kv-pub", f"ipc://{tmp_path}/kv-replay"
+    core = make_engine(tiny_model, max_model_len=128, num_kv_blocks=12, block_size=BS,
+                       kv_events_config={"enable_kv_cache_events": True, "endpoint": endpoint,
+                                         "replay_endpoint": replay_endpoint,
+                                         "buffer_steps": 2})
+    for i, prompt in enumerate(prompts()):
+        core.add_request(request(f"r{i}", prompt, max_tokens=4))
+        run_to_completion(core)
+    cached = {wire_hash(h) for h in core.scheduler.kv.pool.cached}
+    ctx = zmq.Context()
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the publisher thread sends what the engine queued, then answers
+            answer = replay(ctx, replay_endpoint, 0)
+            if len(answer) == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        ctx.term()
+    (seq, payload), = answer
+    assert seq > 2  # the last batch sent, far past the buffer's start
+    (snap,) = decode_with_vllm([payload], tmp_path)
+    first, *stored = snap["events"]
+    assert first == {"type": "AllBlocksCleared"}
+    seen: dict[int, list[int]] = {}
+    for e in stored:
+        assert e["type"] == "BlockStored" and len(e["block_hashes"]) == 1, e
+        assert e["block_size"] == BS and e["medium"] == "GPU" and len(e["token_ids"]) == BS
+        parent = e["parent_block_hash"]
+        assert parent is None or parent in seen or parent not in cached, "parent after child"
+        seen[e["block_hashes"][0]] = e["token_ids"]
+    assert set(seen) == cached and len(stored) == len(cached)
+    # The tokens are the prompts' own: the last prompt (stored last, not evicted) reassembles
+    # from its two blocks along their parent link.
+    last = prompts()[-1]
+    (root,) = [e for e in stored if e["token_ids"] == last[:BS]]
+    assert root["parent_block_hash"] is None
+    assert any(e["parent_block_hash"] == root["block_hashes"][0]
+               and e["token_ids"] == last[BS:2 * BS] for e in stored)

@@ -17,8 +17,11 @@ Order and gaps: batches apply in sequence order. `apply` answers APPLIED, DUPLIC
 already applied, from a replay overlapping the live stream), or a `Gap(start)`: the caller
 replays from `start` and feeds the replayed batches through `apply`; if the replay cannot
 cover it, `accept_gap` clears that group (the index never claims a block whose removal it may
-have missed) and continues from there. A sequence that goes back with a later batch time is a
-restarted engine (new epoch): the group is cleared and replayed from 0. `set_epoch` (discovery:
+have missed) and continues from there, unless the replay's first batch begins with
+AllBlocksCleared (a snapshot: Shoal's engine sends the whole cache when its buffer no longer
+reaches back), which `accept_snapshot` takes as the complete state it is. A sequence that goes
+back with a later batch time is a restarted engine (new epoch): the group is cleared and
+replayed from 0. `set_epoch` (discovery:
 a new pod uid or endpoint) clears it too.
 
 Memory: bounded by `max_blocks` (group, block) entries, least recently stored or matched evicted
@@ -93,6 +96,7 @@ class IndexStats:
     evicted: int
     lag_s: dict
     stale: tuple
+    snapshots: int = 0
 
 
 class KvIndex:
@@ -107,6 +111,7 @@ class KvIndex:
         self._where: dict[int, object] = {}  # router hash -> the group (or set) holding it
         self.stale: set = set()
         self.gaps = self.unrepaired_gaps = self.orphans = self.ignored = self.evicted = 0
+        self.snapshots = 0
         self.malformed = 0
 
     # ----- groups ---------------------------------------------------------------------------
@@ -176,6 +181,20 @@ class KvIndex:
         self.clear(group)
         g = self._groups.setdefault(group, _Group())
         g.last_seq = seq - 1
+
+    def accept_snapshot(self, group: GroupKey, seq: int) -> None:
+        """The replay answered a gap before `seq` with batch `seq` beginning AllBlocksCleared:
+        a complete state (Shoal's engine sends one when its buffer no longer reaches back), so
+        nothing is missed; the caller applies it next."""
+        self.snapshots += 1
+        self.clear(group)
+        g = self._groups.setdefault(group, _Group())
+        g.last_seq = seq - 1
+
+    def router_hashes(self, group: GroupKey) -> frozenset:
+        """The router hashes of the blocks the index holds for `group`."""
+        g = self._groups.get(group)
+        return frozenset(g.engine_to_router.values()) if g else frozenset()
 
     def _stored(self, group: GroupKey, g: _Group, ev: BlockStored) -> None:
         if ev.medium not in GPU_MEDIA:
@@ -334,7 +353,7 @@ class KvIndex:
             evicted=self.evicted,
             lag_s={k: now - g.last_batch_at for k, g in self._groups.items()
                    if g.last_batch_at is not None},
-            stale=tuple(sorted(self.stale, key=repr)))
+            stale=tuple(sorted(self.stale, key=repr)), snapshots=self.snapshots)
 
     def blocks_of(self, group: GroupKey) -> int:
         g = self._groups.get(group)

@@ -7,7 +7,9 @@ being 0, or a restarted engine) it asks the group's replay endpoint, as vLLM's p
 a DEALER sends (b"", start seq as 8 bytes); the ROUTER answers (b"", topic, seq, payload) per
 buffered batch from `start`, then (b"", b"", -1, b""). What the replay cannot cover (no replay
 endpoint, no answer within REPLAY_TIMEOUT_S, the buffer moved past it) clears that group
-(`accept_gap`) rather than trusting entries whose removal may have been missed. A tick each
+(`accept_gap`) rather than trusting entries whose removal may have been missed; a replay that
+answers with a snapshot (a first batch that begins AllBlocksCleared: Shoal's engine, when its
+buffer no longer reaches back) is the complete state (`accept_snapshot`). A tick each
 second recomputes which groups are stale (the connection to the publisher down, per ZMQ's
 socket monitor, for the index's disconnected_after; or traffic but no batch for its
 stale_after): one log line per transition; the scorer then scores them by load only.
@@ -30,7 +32,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 from shoal.router.kv_index import APPLIED, DUPLICATE, Gap, KvIndex
-from shoal.router.kv_wire import END_SEQ, decode_batch, decode_seq, encode_seq
+from shoal.router.kv_wire import END_SEQ, AllBlocksCleared, decode_batch, decode_seq, encode_seq
 from zmq.utils.monitor import parse_monitor_message
 
 logger = logging.getLogger("shoal.router.kv")
@@ -220,7 +222,12 @@ class KvSubscriber:
                 batch = decode_batch(frames[3])
                 verdict = self.index.apply(key, seq, batch, self.clock())
                 if isinstance(verdict, Gap):  # the buffer starts past what we need
-                    self.index.accept_gap(key, seq)
+                    if batch.events and isinstance(batch.events[0], AllBlocksCleared):
+                        logger.info("%s: replay answered with a snapshot (%d events) as batch "
+                                    "%d", group.name, len(batch.events) - 1, seq)
+                        self.index.accept_snapshot(key, seq)
+                    else:
+                        self.index.accept_gap(key, seq)
                     self.index.apply(key, seq, batch, self.clock())
                 elif verdict not in (APPLIED, DUPLICATE):
                     raise AssertionError(verdict)

@@ -50,6 +50,9 @@ class RouterMetrics:
         self.kv_unrepaired = Gauge("shoal_router_kv_unrepaired_gaps",
                                    "Gaps the replay could not cover since start (the group's "
                                    "entries were cleared).", registry=r)
+        self.kv_snapshots = Gauge("shoal_router_kv_snapshots",
+                                  "Gaps the replay answered with the engine's whole cache (a "
+                                  "snapshot) since start.", registry=r)
         self.kv_orphans = Gauge("shoal_router_kv_orphan_blocks",
                                 "Stored blocks whose parent the index did not know, since "
                                 "start (not indexed).", registry=r)
@@ -73,6 +76,7 @@ class RouterMetrics:
         self.kv_groups.set(st.groups)
         self.kv_gaps.set(st.gaps)
         self.kv_unrepaired.set(st.unrepaired_gaps)
+        self.kv_snapshots.set(st.snapshots)
         self.kv_orphans.set(st.orphans)
         self.kv_evicted.set(st.evicted)
         self.kv_stale_groups.set(len(st.stale))

@@ -10,7 +10,11 @@ message (vllm/distributed/kv_events.py), so its consumers need nothing Shoal-spe
   payloads for replay.
 - The replay ROUTER socket (`replay_endpoint`, optional): a request (identity, empty, 8-byte
   start seq) is answered with every buffered batch from that seq as (identity, empty, topic,
-  seq, payload), then the end marker (identity, empty, b"", seq -1, b"").
+  seq, payload), then the end marker (identity, empty, b"", seq -1, b""). When the buffer no
+  longer reaches back to `start` (vLLM then sends what it has, and the consumer has a hole),
+  Shoal answers with one snapshot batch instead (kv_snapshot.py: AllBlocksCleared, then every
+  cached block) under the last sequence number sent: a router that starts after the engine has
+  run for a while learns the whole cache, not just what changes next.
 `endpoint` is bound when it holds "*" or "::" or is ipc://, else connected (a consumer that
 binds); the replay endpoint is always bound. A socket that cannot bind is a start-up error
 naming the endpoint.
@@ -26,6 +30,7 @@ from collections import deque
 import msgspec
 import zmq
 from shoal.engine.core.kv_events import EventBatch
+from shoal.engine.core.kv_snapshot import CacheMirror
 from shoal.engine.kv_events_config import KVEventsConfig
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,8 @@ class ZmqEventPublisher:
         self._queue: queue.Queue[EventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode("utf-8")
+        # What the cache holds, for replays the buffer cannot cover (only with a replay socket).
+        self._mirror = CacheMirror() if config.replay_endpoint is not None else None
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay = None
@@ -103,6 +110,8 @@ class ZmqEventPublisher:
             except zmq.ZMQError:
                 log.exception("KV events: sending batch %d failed", seq)
             self._buffer.append((seq, payload))
+            if self._mirror is not None:
+                self._mirror.apply(batch)
             seq += 1
 
     def _serve_replay(self) -> None:
@@ -113,6 +122,16 @@ class ZmqEventPublisher:
             return
         ident, _, start_bytes = frames
         start = int.from_bytes(start_bytes, "big")
+        if self._buffer and start < self._buffer[0][0] and self._mirror is not None:
+            last = self._buffer[-1][0]
+            snap = self._mirror.snapshot(self._dp_rank)
+            log.info("KV events: replay from %d asked, the buffer starts at %d: sending a "
+                     "snapshot of %d blocks as batch %d", start, self._buffer[0][0],
+                     len(self._mirror), last)
+            self._replay.send_multipart((ident, b"", self._topic, last.to_bytes(8, "big"),
+                                         msgspec.msgpack.encode(snap)))
+            self._replay.send_multipart((ident, b"", b"", END_SEQ, b""))
+            return
         for seq, payload in list(self._buffer):
             if seq >= start:
                 self._replay.send_multipart((ident, b"", self._topic, seq.to_bytes(8, "big"),
