@@ -131,3 +131,22 @@ def test_chats_with_a_shared_system_prompt_go_where_it_is_cached(kv_router):
     final = _served(kv_router)
     sent = {g: final.get(g, 0) - after.get(g, 0) for g in ("0", "1")}
     assert sent[home] == 5, (home, sent)
+
+
+async def test_the_prober_reads_each_engines_own_load(kv_engines):
+    """A kv-aware router's health prober reads the engines' vLLM gauges (engine_load.py) from
+    their real /metrics: an idle engine reports nothing running or waiting."""
+    from shoal.router.discovery import Group
+    from shoal.router.health import HealthProber
+    from shoal.router.picker import GroupPicker
+
+    engines, _ = kv_engines
+    picker = GroupPicker(kv=object())  # only whether it routes kv-aware matters here
+    picker.set_groups([Group(g, e.url) for g, e in engines.items()])
+    async with httpx.AsyncClient() as client:
+        await HealthProber(picker, client).probe_all()
+    loads = {key[1]: state.engine for key, state in picker.states.items()}
+    assert set(loads) == {0, 1}
+    for g, load in loads.items():
+        assert load is not None, g
+        assert (load.running, load.waiting) == (0, 0) and 0 <= load.kv_usage <= 1

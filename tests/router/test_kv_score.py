@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 from shoal.router.discovery import Group
+from shoal.router.engine_load import FRESH_S, EngineLoad, parse
 from shoal.router.kv_index import KvIndex
 from shoal.router.kv_score import (
     KvAware,
@@ -30,10 +31,20 @@ K = [g.key for g in G]
 class State:
     group: Group
     outstanding: int
+    engine: EngineLoad | None = None
 
 
 def states(*loads):
     return [State(G[i], n) for i, n in enumerate(loads)]
+
+
+NOW = 100.0
+
+
+def engines(*gauges):
+    """States whose engines report (running, waiting, kv usage), read at NOW; None: not read."""
+    return [State(G[i], 0, None if g is None else EngineLoad(*g, at=NOW))
+            for i, g in enumerate(gauges)]
 
 
 @pytest.mark.parametrize("name, loads, cached, prompt, stale, expected", [
@@ -56,6 +67,40 @@ def test_choose(name, loads, cached, prompt, stale, expected):
     assert seen == expected, name
 
 
+@pytest.mark.parametrize("name, gauges, cached, expected", [
+    ("another router's load on a group counts: a miss avoids it",
+     ((6, 2, 0.5), (0, 0, 0.0), (1, 0, 0.1)), {}, {1}),
+    ("the engine's queue outweighs a small hit", ((8, 8, 0.0), (0, 0, 0.0), (0, 0, 0.0)),
+     {K[0]: 16}, {1, 2}),
+    ("a full KV cache loses a tie of hits", ((1, 0, 1.0), (1, 0, 0.2), None), {K[0]: 64, K[1]: 64},
+     {1}),
+    ("a group whose gauges were not read competes by its outstanding count",
+     ((3, 0, 0.0), None, (3, 0, 0.0)), {}, {1}),
+])
+def test_choose_with_the_engines_own_gauges(name, gauges, cached, expected):
+    seen = {choose(engines(*gauges), cached, 100, random.Random(seed), now=NOW).group.id
+            for seed in range(40)}
+    assert seen == expected, name
+
+
+def test_old_gauges_are_not_used():
+    busy = engines((9, 9, 1.0), (0, 0, 0.0))
+    assert {choose(busy, {}, 100, random.Random(s), now=NOW + FRESH_S + 1).group.id
+            for s in range(40)} == {0, 1}  # both read as idle: a tie
+
+
+def test_the_engines_own_metrics_text_is_read():
+    """The gauges as Shoal's engine renders them (its FrontendMetrics, vLLM's names)."""
+    from shoal.engine.frontend.metrics import FrontendMetrics
+    from shoal.engine.wire import SchedulerStats
+
+    m = FrontendMetrics("tiny")
+    m.record_step(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.75),
+                  now=1.0)
+    assert parse(m.render().decode(), at=5.0) == EngineLoad(3, 2, 0.75, at=5.0)
+    assert parse("# nothing here\nother_metric 1\n", at=5.0) is None
+
+
 def test_ties_are_broken_at_random_with_the_injected_rng():
     picks = Counter(choose(states(0, 0, 0), {}, 10, random.Random(seed)).group.id
                     for seed in range(300))
@@ -67,6 +112,7 @@ def test_ties_are_broken_at_random_with_the_injected_rng():
 
 def test_the_formula():
     assert score(50, 100, 2, 4) == pytest.approx(0.5 - 0.5 * 0.5)
+    assert score(50, 100, 2, 4, kv_usage=0.8) == pytest.approx(0.5 - 0.5 * 0.5 - 0.25 * 0.8)
     assert score(0, 100, 0, 0) == 0.0
     assert score(10, 0, 0, 0) == 0.0
     assert choose([], {}, 10, random.Random(0)) is None

@@ -3,16 +3,20 @@ prompt (kv_index.py, fed by the engines' KV events), weighed against load.
 
 Score of each candidate (usable, ready) group g for a prompt of P tokens:
 
-    score(g) = cached(g) / P - alpha * load(g)
-    load(g)  = outstanding(g) / max(1, the most outstanding among the candidates)
+    score(g)    = cached(g) / P - alpha * requests(g) / max(1, max requests) - beta * kv(g)
+    requests(g) = max(outstanding(g), running(g) + waiting(g))
 
 cached(g) is the index's longest cached prefix on g, in tokens; 0 for a stale group (its
 publisher unreachable, or silent despite traffic: kv_index.why_stale; its entries are not
-trusted, it competes by load only).
-alpha = ALPHA (0.5): a group whose load is the highest gives up half a prompt's worth of hit.
-The highest score wins; ties are broken at random (an injectable RNG). A miss (no candidate
-caches any of the prompt, or a prompt the router cannot tokenize exactly) goes to the least
-loaded candidate, ties at random: never to whichever has the smallest index.
+trusted, it competes by load only). outstanding(g) is this router's requests in flight on g;
+running, waiting and kv (KV cache usage, 0..1) are the engine's own gauges (engine_load.py, read
+by the health prober every probe round; other routers' requests count there), left out (0) when
+older than engine_load.FRESH_S. The max is over the candidates.
+alpha = ALPHA (0.5): the busiest group gives up half a prompt's worth of hit; beta = BETA (0.25):
+a full KV cache (preemption ahead) gives up a quarter. The highest score wins; ties are broken at
+random (an injectable RNG). A miss (no candidate caches any of the prompt, or a prompt the router
+cannot tokenize exactly) goes to the candidate with the fewest requests(g), ties at random: never
+to whichever has the smallest index.
 
 Tokenizing (PromptTokenizer): the model's tokenizer.json through `tokenizers` (no torch), as the
 engine does: a completion's text prompt with its special tokens, a token-id prompt as given, the
@@ -31,33 +35,44 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from shoal.router.engine_load import fresh
 from shoal.router.kv_index import KvIndex
 
 ALPHA = 0.5
+BETA = 0.25
 THREAD_ABOVE = 8192  # body bytes above which tokenizing leaves the event loop
 
 
-def score(cached: int, prompt_tokens: int, outstanding: int, most_outstanding: int,
-          alpha: float = ALPHA) -> float:
+def score(cached: int, prompt_tokens: int, requests: float, most_requests: float,
+          kv_usage: float = 0.0, alpha: float = ALPHA, beta: float = BETA) -> float:
     """The formula above, for one group."""
     hit = cached / prompt_tokens if prompt_tokens else 0.0
-    return hit - alpha * outstanding / max(1, most_outstanding)
+    return hit - alpha * requests / max(1, most_requests) - beta * kv_usage
+
+
+def load_of(state, now: float) -> tuple[float, float]:
+    """(requests(g), kv(g)) of a candidate (`.outstanding`, and `.engine`: an EngineLoad or
+    None)."""
+    engine = fresh(getattr(state, "engine", None), now)
+    if engine is None:
+        return float(state.outstanding), 0.0
+    return max(float(state.outstanding), engine.requests), engine.kv_usage
 
 
 def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Random,
-           stale: set = frozenset(), alpha: float = ALPHA):
-    """The candidate (anything with `.group.key` and `.outstanding`, e.g. a picker GroupState)
-    to route to; None only when there are no candidates."""
+           stale: set = frozenset(), alpha: float = ALPHA, now: float = 0.0):
+    """The candidate (anything with `.group.key`, `.outstanding` and optionally `.engine`, e.g.
+    a picker GroupState) to route to; None only when there are no candidates."""
     if not candidates:
         return None
-    most = max(s.outstanding for s in candidates)
+    loads = {s.group.key: load_of(s, now) for s in candidates}
     hits = {s.group.key: (0 if s.group.key in stale else cached.get(s.group.key, 0))
             for s in candidates}
     if not any(hits.values()):  # a miss: the least loaded
-        least = min(s.outstanding for s in candidates)
-        return rng.choice([s for s in candidates if s.outstanding == least])
-    scores = {s.group.key: score(hits[s.group.key], prompt_tokens, s.outstanding, most, alpha)
-              for s in candidates}
+        least = min(r for r, _ in loads.values())
+        return rng.choice([s for s in candidates if loads[s.group.key][0] == least])
+    most = max(r for r, _ in loads.values())
+    scores = {k: score(hits[k], prompt_tokens, r, most, kv, alpha) for k, (r, kv) in loads.items()}
     best = max(scores.values())
     return rng.choice([s for s in candidates if scores[s.group.key] == best])
 
@@ -224,7 +239,8 @@ class KvAware:
 
     def choose(self, keys: list[int], candidates: list):
         cached = self.index.longest_prefix(keys)
-        return choose(candidates, cached, len(keys), self.rng, self.index.stale, self.alpha)
+        return choose(candidates, cached, len(keys), self.rng, self.index.stale, self.alpha,
+                      self.clock())
 
     def remember(self, keys: list[int], chosen, live) -> None:
         self.index.note_traffic(chosen, self.clock())

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shoal.router.discovery import Group
+from shoal.router.engine_load import EngineLoad
 
 if TYPE_CHECKING:
     from shoal.router.affinity import PrefixAffinity
@@ -37,6 +38,7 @@ class GroupState:
     outstanding: int = 0
     cooldown_until: float = 0.0
     last_error: str | None = None
+    engine: EngineLoad | None = None  # kv-aware: the engine's own gauges (engine_load.py)
 
 
 class GroupPicker:
