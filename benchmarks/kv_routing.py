@@ -1,0 +1,336 @@
+"""kv-aware routing side by side: Shoal's router (least-outstanding, prefix-affinity, kv-aware)
+and the real peer routers from the package index (vllm-router 0.1.17 kv_aware and cache_aware,
+sglang-router 0.3.2 cache_aware) in front of the same `shoal serve` groups on loopback.
+
+Workload, shaped like llm-d's multi-tenant shared-prefix benchmark and scaled to this machine:
+`--tenants` tenants, each a long shared context (`--context-chars` of text), `--users` users
+per tenant, each asking `--turns` short questions of their own (`--query-chars`); every
+request is a streamed `/v1/completions` of context + question with `--max-tokens` output tokens
+(ignore_eos), in a seeded shuffled order, sent open loop at `--rates` requests/s (Poisson
+arrivals: a slow router is not given time back). Completions, not chats: vllm-router cannot
+tokenize a chat against a Shoal engine (its `/tokenize` body carries continue_final_message,
+which Shoal's /tokenize refuses; tests/router/test_kv_peer_routers.py), so chats would measure
+that gap rather than its policy.
+
+Every (policy, rate) cell starts `--groups` fresh `shoal serve` groups (empty caches; KV events
+on, the same for every policy) of `--kv` KV cache each, sized so that the tenants' contexts are
+about 1.5x what all groups together can hold (eviction happens: the engines' BlockRemoved
+events are counted), and a fresh router; warms the processes with a few requests of other
+tenants, then measures:
+
+- prefix-cache hit rate: the groups' own `vllm:prefix_cache_hits` / `..._queries` (tokens);
+- TTFT p50/p90 (client side: request sent -> first streamed text), output tokens/s (the groups'
+  `vllm:generation_tokens` over the run's wall time), errors;
+- load spread: requests per group (each group's `vllm:request_success`), and max/min;
+- blocks the engines evicted (BlockRemoved in their KV event streams).
+
+The ceiling line is the hit rate with an unbounded cache on one engine: every request but each
+tenant's first reuses its context's full blocks.
+
+    PYTHONPATH=tests .venv/bin/python benchmarks/kv_routing.py
+
+It prints the machine's CPU flags and one table (benchmarks/README.md has the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import zmq
+from prefix_routing import MODELS, WORDS, cpu_flags, metric_sum, pct, wait_healthy, wait_usable
+from support.net import free_ports
+from support.peer_routers import KvSource, ensure_peer_routers, sglang_router, vllm_router
+
+POLICIES = ("least-outstanding", "prefix-affinity", "kv-aware", "vllm-router:kv_aware",
+            "vllm-router:cache_aware", "sglang-router:cache_aware")
+MODEL = "m"
+
+
+class EvictionCounter:
+    """Counts the blocks one engine reports stored and removed on its KV event stream."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.stored = self.removed = 0
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._sub.poll(100):
+                continue
+            _topic, _seq, payload = self._sub.recv_multipart()
+            _ts, events, *_ = msgspec.msgpack.decode(payload)
+            for ev in events:
+                if ev.get("type") == "BlockStored":
+                    self.stored += len(ev["block_hashes"])
+                elif ev.get("type") == "BlockRemoved":
+                    self.removed += len(ev["block_hashes"])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sub.close(linger=0)
+        self._ctx.term()
+
+
+class Fleet:
+    """`groups` fresh `shoal serve` processes publishing KV events, and one router over them."""
+
+    def __init__(self, args, policy: str, tmp: Path) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.peer = None
+        self.urls: list[str] = []
+        self.kv: dict[str, KvSource] = {}
+        model_dir = str(MODELS / f"shoal-{args.model}")
+        py = sys.executable
+        for _ in range(args.groups):
+            port, ev, rp = free_ports(3)
+            url = f"http://127.0.0.1:{port}"
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+                   "endpoint": f"tcp://*:{ev}", "replay_endpoint": f"tcp://*:{rp}"}
+            cmd = [py, "-m", "shoal.cli", "serve", model_dir, "--host", "127.0.0.1",
+                   "--port", str(port), "--served-model-name", MODEL,
+                   "--kv-cache-memory-bytes", args.kv, "--num-threads", str(args.threads),
+                   "--max-model-len", str(args.max_model_len),
+                   "--kv-events-config", json.dumps(cfg)]
+            self.procs.append(subprocess.Popen(cmd, start_new_session=True,
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=open(tmp / f"serve-{port}.log", "w")))
+            self.urls.append(url)
+            self.kv[url] = KvSource(f"tcp://127.0.0.1:{ev}", f"tcp://127.0.0.1:{rp}")
+        for url, proc in zip(self.urls, self.procs, strict=True):
+            wait_healthy(url, proc)
+        self.kv_tokens = sum(kv_tokens(u) for u in self.urls)
+        self.counters = [EvictionCounter(self.kv[u].events) for u in self.urls]
+        self.url = self._start_router(args, policy, model_dir, tmp)
+
+    def _start_router(self, args, policy: str, model_dir: str, tmp: Path) -> str:
+        if ":" in policy:
+            name, peer_policy = policy.split(":")
+            if name == "vllm-router":
+                kw = ({"kv": self.kv, "model": MODEL} if peer_policy == "kv_aware" else {})
+                self.peer = vllm_router(tmp, self.urls, peer_policy, **kw)
+            else:
+                self.peer = sglang_router(tmp, self.urls, peer_policy)
+            self.peer.start().wait_serving()
+            print(f"#   {' '.join(self.peer.command)}", file=sys.stderr, flush=True)
+            return self.peer.url
+        (tmp / "engines.json").write_text(json.dumps(
+            {"model": MODEL, "groups": [{"group": i, "url": u} for i, u in enumerate(self.urls)]}))
+        (port,) = free_ports(1)
+        cmd = [sys.executable, "-m", "shoal.cli", "router", "--model", model_dir,
+               "--engine-discovery-file", str(tmp / "engines.json"), "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", MODEL]
+        if policy == "kv-aware":
+            cmd += ["--kv-tokenizer", model_dir]
+            for i, u in enumerate(self.urls):
+                cmd += ["--kv-endpoint", f"{i}={self.kv[u].events},{self.kv[u].replay}"]
+        env = {**os.environ, "SHOAL_ROUTER_ROUTING": policy,
+               "SHOAL_ROUTER_PREFIX_IMBALANCE": str(args.imbalance)}
+        self.procs.append(subprocess.Popen(cmd, start_new_session=True, env=env,
+                                           stdout=subprocess.DEVNULL,
+                                           stderr=open(tmp / f"router-{policy}.log", "w")))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, self.procs[-1])
+        wait_usable(url, len(self.urls))
+        return url
+
+    def stop(self) -> None:
+        if self.peer is not None:
+            self.peer.stop()
+        for c in self.counters:
+            c.close()
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def kv_tokens(url: str) -> int:
+    """The tokens a group's KV cache holds, from its own vllm:cache_config_info."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(kv.split("=", 1) for kv in line.split("{", 1)[1].split("}")[0]
+                          .split(","))
+            return int(labels["num_gpu_blocks"].strip('"')) * int(labels["block_size"].strip('"'))
+    raise SystemExit(f"{url}: no vllm:cache_config_info")
+
+
+def words(rnd: random.Random, chars: int) -> str:
+    out: list[str] = []
+    while sum(len(w) + 1 for w in out) < chars:
+        out.append(rnd.choice(WORDS))
+    return " ".join(out)
+
+
+def workload(args, seed: int) -> tuple[list[str], list[tuple[int, str]]]:
+    """The tenants' contexts, and (tenant, prompt) requests in a seeded shuffled order."""
+    rnd = random.Random(seed)
+    contexts = [f"Tenant {seed}-{t}. Context: " + words(rnd, args.context_chars)
+                for t in range(args.tenants)]
+    requests = [(t, f"{contexts[t]}\nUser {u}, question {k}: {words(rnd, args.query_chars)}?"
+                 "\nAnswer:")
+                for t in range(args.tenants) for u in range(args.users) for k in range(args.turns)]
+    rnd.shuffle(requests)
+    return contexts, requests
+
+
+async def one(client: httpx.AsyncClient, url: str, prompt: str, args) -> float:
+    """TTFT of one streamed completion (NaN if it failed)."""
+    start = time.perf_counter()
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    ttft = float("nan")
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                print(f"# HTTP {r.status_code}: {(await r.aread())[:300]!r}", file=sys.stderr)
+                return ttft
+            async for line in r.aiter_lines():
+                if ttft != ttft and line.startswith("data: {") and '"text":""' not in \
+                        line.replace(" ", ""):
+                    ttft = time.perf_counter() - start
+    except httpx.HTTPError as exc:
+        print(f"# {type(exc).__name__}: {exc}", file=sys.stderr)
+    return ttft
+
+
+async def open_loop(url: str, prompts: list[str], rate: float, args) -> tuple[list[float], float]:
+    """Send at Poisson arrivals of `rate`/s regardless of answers; TTFTs and the wall time."""
+    rnd = random.Random(7)
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as c:
+        start = time.perf_counter()
+        tasks, t = [], 0.0
+        for p in prompts:
+            delay = start + t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(c, url, p, args)))
+            t += rnd.expovariate(rate)
+        ttfts = await asyncio.gather(*tasks)
+    return list(ttfts), time.perf_counter() - start
+
+
+def snapshot(fleet: Fleet) -> dict[str, tuple[float, ...]]:
+    return {u: (metric_sum(u, "vllm:prefix_cache_hits_total"),
+                metric_sum(u, "vllm:prefix_cache_queries_total"),
+                metric_sum(u, "vllm:request_success_total"),
+                metric_sum(u, "vllm:generation_tokens_total"),
+                c.removed) for u, c in zip(fleet.urls, fleet.counters, strict=True)}
+
+
+def measure(args, policy: str, rate: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kv-routing-") as tmp:
+        fleet = Fleet(args, policy, Path(tmp))
+        try:
+            _, warm = workload(args, seed=99)
+            asyncio.run(open_loop(fleet.url, [p for _, p in warm[:args.groups * 2]], rate, args))
+            before = snapshot(fleet)
+            _, reqs = workload(args, seed=0)
+            ttfts, wall = asyncio.run(open_loop(fleet.url, [p for _, p in reqs], rate, args))
+            time.sleep(0.5)  # the last BlockRemoved batches
+            after = snapshot(fleet)
+        finally:
+            fleet.stop()
+    d = {u: [a - b for a, b in zip(after[u], before[u], strict=True)] for u in after}
+    hits, queries = sum(v[0] for v in d.values()), sum(v[1] for v in d.values())
+    spread = [int(d[u][2]) for u in fleet.urls]
+    return {"policy": policy, "rate": rate, "hit": hits / queries if queries else float("nan"),
+            "ttft50": 1e3 * pct(ttfts, 50), "ttft90": 1e3 * pct(ttfts, 90),
+            "tps": sum(v[3] for v in d.values()) / wall, "spread": spread,
+            "errors": sum(1 for x in ttfts if x != x),
+            "evicted": int(sum(v[4] for v in d.values())), "kv_tokens": fleet.kv_tokens}
+
+
+def ceiling(args) -> tuple[float, int]:
+    """(hit rate with an unbounded cache on one engine, the contexts' tokens): the engine's own
+    tokenizer counts the tokens, its full blocks (16 tokens) are what a hit can reuse."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(MODELS / f"shoal-{args.model}" / "tokenizer.json"))
+    contexts, reqs = workload(args, seed=0)
+    ctx_tokens = [len(tok.encode(c).ids) for c in contexts]
+    seen: set[int] = set()
+    hit = total = 0
+    for t, prompt in reqs:
+        n = len(tok.encode(prompt).ids)
+        total += n
+        if t in seen:
+            hit += min(ctx_tokens[t] - 1, n - 1) // 16 * 16
+        seen.add(t)
+    return hit / total, sum(ctx_tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["tiny", "small"], default="tiny")
+    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--tenants", type=int, default=12)
+    ap.add_argument("--users", type=int, default=4, help="users per tenant")
+    ap.add_argument("--turns", type=int, default=3, help="questions per user")
+    ap.add_argument("--context-chars", type=int, default=2400, help="each tenant's context")
+    ap.add_argument("--query-chars", type=int, default=60)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--kv", default=str(104 * 32768), help="KV cache bytes of each group "
+                    "(default: 104 blocks of 16 tokens of the tiny model, 32 KiB each in bf16)")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per group")
+    ap.add_argument("--imbalance", type=int, default=4, help="prefix-affinity's bound")
+    ap.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    args = ap.parse_args()
+    ensure_peer_routers()
+    print(cpu_flags())
+    top, ctx_tokens = ceiling(args)
+    n = args.tenants * args.users * args.turns
+    print(f"# {args.groups} groups of shoal-{args.model} (KV {args.kv} bytes each, "
+          f"{args.threads} thread(s)); {args.tenants} tenants x {args.users} users x "
+          f"{args.turns} questions = {n} requests, contexts of {args.context_chars} chars "
+          f"({ctx_tokens} tokens in all), {args.max_tokens} output tokens, open loop",
+          flush=True)
+    rows = []
+    for rate in args.rates:
+        for policy in args.policies:
+            rows.append(measure(args, policy, rate))
+            r = rows[-1]
+            print(f"# {policy} at {rate}/s: hit {100 * r['hit']:.1f}%, spread {r['spread']}",
+                  file=sys.stderr, flush=True)
+    print("\n| rate (req/s) | policy | prefix-cache hit rate | TTFT p50 (ms) | TTFT p90 (ms) | "
+          "output tok/s | requests per group | max/min | blocks evicted | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = min(r["spread"]), max(r["spread"])
+        ratio = f"{hi / lo:.2f}" if lo else "inf"
+        print(f"| {r['rate']:g} | {r['policy']} | {100 * r['hit']:.1f}% | {r['ttft50']:.0f} | "
+              f"{r['ttft90']:.0f} | {r['tps']:.1f} | {' / '.join(map(str, r['spread']))} | "
+              f"{ratio} | {r['evicted']} | {r['errors']} |")
+    cap = rows[0]["kv_tokens"]
+    print(f"\nThe contexts' {ctx_tokens} tokens are {ctx_tokens / cap:.2f}x the {cap} tokens the "
+          f"groups' KV caches hold together (their vllm:cache_config_info).")
+    print(f"Ceiling (unbounded cache, each tenant's first request a miss): {100 * top:.1f}%")
+
+
+if __name__ == "__main__":
+    main()
