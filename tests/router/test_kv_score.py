@@ -222,3 +222,99 @@ def test_the_picker_routes_a_cached_prefix_where_it_is_and_a_miss_by_load():
     index.refresh_stale(now[0])
     assert index.stale == {K[2]}
     assert picker.pick(prefix=prefix[:12]) == G[1]
+
+
+# ----- long prompts: tokenized in growing pieces (progressive_keys) ------------------------
+
+PROSE = ("The quarterly report covers invoices, refunds and payment plans for every region; "
+         "each section lists the figures, the caveats and the people to ask. ")
+CODE = "def handler(event):\n    if event:\n        return  {'ok': True}\n\n\n    # done\t\t\n"
+MIXED = "Résumé naïve café — 東京の天気は晴れです。 Ünïcödé  spaces   and\ttabs\n"
+
+
+def _trained(kind: str, tmp_path) -> str:
+    """A real tokenizer of another family than the project's byte-level BPE, trained here with
+    `tokenizers`: Metaspace BPE (Llama 2 / SentencePiece style) or Unigram."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    if kind == "metaspace-bpe":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>"])
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        trainer = trainers.UnigramTrainer(vocab_size=400, unk_token="<unk>",
+                                          special_tokens=["<unk>"])
+    tok.train_from_iterator([PROSE * 20, CODE * 20, MIXED * 20], trainer)
+    folder = tmp_path / kind
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return str(folder)
+
+
+@pytest.fixture(params=["project-bytelevel-bpe", "metaspace-bpe", "unigram"])
+def long_tokenizer(request, tiny_model, tmp_path):
+    if request.param == "project-bytelevel-bpe":
+        return PromptTokenizer(tiny_model)
+    return PromptTokenizer(_trained(request.param, tmp_path))
+
+
+class Counting:
+    """A PromptTokenizer that counts the characters it was asked to encode."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.chars = tok, 0
+
+    def encode(self, text, add_special_tokens=True):
+        self.chars += len(text)
+        return self.tok.encode(text, add_special_tokens)
+
+    def encode_with_ends(self, text, add_special_tokens=True):
+        self.chars += len(text)
+        return self.tok.encode_with_ends(text, add_special_tokens)
+
+
+@pytest.mark.parametrize("unit", [PROSE, CODE, MIXED])
+def test_a_fully_cached_long_prompt_is_tokenized_whole_and_exactly(long_tokenizer, unit):
+    from shoal.router.kv_score import Prompt, progressive_keys
+
+    text = (unit * (200_000 // len(unit) + 1))[:200_000]
+    full = long_tokenizer.encode(text)
+    keys = progressive_keys(Prompt(text=text), long_tokenizer, reach=len)
+    assert keys.ids == full and keys.total == len(full)
+
+
+@pytest.mark.parametrize("unit", [PROSE, CODE, MIXED])
+def test_a_miss_costs_the_first_piece_and_its_ids_are_the_prompts_own(long_tokenizer, unit):
+    from shoal.router.kv_score import FIRST_CHARS, Prompt, progressive_keys
+
+    text = (unit * (200_000 // len(unit) + 1))[:200_000]
+    full = long_tokenizer.encode(text)
+    counting = Counting(long_tokenizer)
+    keys = progressive_keys(Prompt(text=text), counting, reach=lambda ids: 0)
+    assert counting.chars == FIRST_CHARS
+    assert keys.ids and keys.ids == full[:len(keys.ids)]
+    assert abs(keys.total - len(full)) / len(full) < 0.1  # the estimated length
+
+
+def test_a_partly_cached_long_prompt_stops_where_the_cache_ends(long_tokenizer):
+    from shoal.router.kv_score import Prompt, progressive_keys
+
+    text = (PROSE * 1500)[:200_000]
+    full = long_tokenizer.encode(text)
+    # tokens: past the first piece, short of the second
+    cached = len(long_tokenizer.encode(text[:16384])) * 3 // 2
+    counting = Counting(long_tokenizer)
+    keys = progressive_keys(Prompt(text=text), counting,
+                            reach=lambda ids: min(len(ids) // 16 * 16, cached))
+    assert counting.chars == 16384 + 4 * 16384
+    assert len(keys.ids) > cached and keys.ids == full[:len(keys.ids)]
+
+
+def test_token_id_prompts_are_taken_as_they_are(long_tokenizer):
+    from shoal.router.kv_score import Prompt, progressive_keys
+
+    counting = Counting(long_tokenizer)
+    keys = progressive_keys(Prompt(ids=list(range(50_000))), counting, reach=len)
+    assert keys.ids == list(range(50_000)) and keys.total == 50_000 and counting.chars == 0

@@ -21,18 +21,22 @@ to whichever has the smallest index.
 Tokenizing (PromptTokenizer): the model's tokenizer.json through `tokenizers` (no torch), as the
 engine does: a completion's text prompt with its special tokens, a token-id prompt as given, the
 first prompt of a batch; a chat rendered with the model's chat template (sandboxed Jinja, as the
-engine's frontend) and encoded without special tokens. What the router cannot reproduce exactly
-(tools, non-text content parts, tool-call messages, reasoning_effort, continue_final_message,
-a request's own chat_template) routes as a miss, by load.
+engine's frontend) and encoded without special tokens. A long text prompt is tokenized in
+growing leading pieces while it hits (progressive_keys): a miss costs its first piece. What
+the router cannot reproduce exactly (tools, non-text content parts, tool-call messages,
+reasoning_effort, continue_final_message, a request's own chat_template) routes as a miss, by
+load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.router.engine_load import fresh
@@ -41,6 +45,9 @@ from shoal.router.kv_index import KvIndex
 ALPHA = 0.5
 BETA = 0.25
 THREAD_ABOVE = 8192  # body bytes above which tokenizing leaves the event loop
+FIRST_CHARS = 16384  # a long prompt's first piece to tokenize (progressive_keys)
+MARGIN_CHARS = 256  # a piece's tail whose tokens are not trusted
+MAX_BLOCK_TOKENS = 64  # "cached to the end" allows a last partial block this long
 
 
 def score(cached: int, prompt_tokens: int, requests: float, most_requests: float,
@@ -109,34 +116,83 @@ def _plain_messages(messages) -> list[dict] | None:
     return out
 
 
-def prompt_ids(body: bytes, tok) -> list[int]:
-    """The token ids the engine will see for the request's prompt; [] when the router cannot
-    know them exactly (an unparseable body, a chat with tools or non-text parts, ...).
-    `tok`: a PromptTokenizer (or anything with its encode / render_chat)."""
+@dataclass(frozen=True)
+class Prompt:
+    """What the engine will tokenize: `ids` as given, or `text` (with or without the special
+    tokens)."""
+
+    ids: list[int] | None = None
+    text: str | None = None
+    special: bool = True
+
+
+def prompt_of(body: bytes, tok) -> Prompt | None:
+    """The request's prompt as the engine will see it; None when the router cannot know it
+    exactly (an unparseable body, a chat with tools or non-text parts, ...). `tok`: a
+    PromptTokenizer (or anything with its render_chat)."""
     try:
         data = json.loads(body)
     except ValueError:
-        return []
+        return None
     if not isinstance(data, dict):
-        return []
+        return None
     if "messages" in data:
         messages = _plain_messages(data["messages"])
         if messages is None or any(data.get(k) for k in CHAT_REFUSED):
-            return []
+            return None
         kwargs = data.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
-            return []
+            return None
         text = tok.render_chat(messages, data.get("add_generation_prompt", True) is not False,
                                kwargs)
-        return [] if text is None else tok.encode(text, add_special_tokens=False)
+        return None if text is None else Prompt(text=text, special=False)
     prompt = data.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tok.encode(prompt)
+        return Prompt(text=prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return prompt
-    return []
+        return Prompt(ids=prompt)
+    return None
+
+
+def prompt_ids(body: bytes, tok) -> list[int]:
+    """The token ids the engine will see for the request's prompt, all of them; [] when the
+    router cannot know them exactly."""
+    p = prompt_of(body, tok)
+    if p is None:
+        return []
+    return p.ids if p.ids is not None else tok.encode(p.text, add_special_tokens=p.special)
+
+
+@dataclass(frozen=True)
+class PromptKeys:
+    """The prompt's leading token ids the router looked up (`ids`) and its length in tokens
+    (`total`: exact when `ids` is all of it, else estimated from the characters left)."""
+
+    ids: list[int]
+    total: int
+
+
+def progressive_keys(prompt: Prompt, tok, reach) -> PromptKeys:
+    """Tokenize a long text prompt in growing leading pieces (FIRST_CHARS, then x4 each time),
+    only while some group caches all of what was tokenized so far (`reach(ids)`: the longest
+    cached prefix on any group, in tokens): a miss on a 200 KB prompt costs its first 16 KB, not
+    all of it. A piece's last MARGIN_CHARS are not trusted (a tokenizer's pre-tokenizer may
+    split the cut differently from the whole text), so its tokens are those ending before."""
+    if prompt.ids is not None:
+        return PromptKeys(prompt.ids, len(prompt.ids))
+    text, n = prompt.text, FIRST_CHARS
+    while True:
+        if n >= len(text):
+            ids = tok.encode(text, add_special_tokens=prompt.special)
+            return PromptKeys(ids, len(ids))
+        ids, ends = tok.encode_with_ends(text[:n], add_special_tokens=prompt.special)
+        keep = bisect.bisect_right(ends, n - MARGIN_CHARS)
+        ids = ids[:keep]
+        if reach(ids) < len(ids) - MAX_BLOCK_TOKENS or not ids:
+            return PromptKeys(ids, max(len(ids), round(len(ids) * len(text) / max(1, n))))
+        n *= 4
 
 
 def _token_text(value) -> str | None:
@@ -178,6 +234,15 @@ class PromptTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_with_ends(self, text: str, add_special_tokens: bool = True):
+        """(ids, the character offset where each token ends): special tokens end at 0."""
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        ends, last = [], 0
+        for _, end in enc.offsets:
+            last = max(last, end)
+            ends.append(last)
+        return enc.ids, ends
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool,
                     kwargs: dict) -> str | None:
@@ -227,20 +292,28 @@ class KvAware:
         self.rng = rng or random.Random()
         self.clock = clock or time.monotonic
 
-    def request_keys(self, body: bytes) -> list[int]:
-        return prompt_ids(body, self.tokenizer)
+    def request_keys(self, body: bytes) -> PromptKeys:
+        prompt = prompt_of(body, self.tokenizer)
+        if prompt is None:
+            return PromptKeys([], 0)
+        return progressive_keys(prompt, self.tokenizer, self._reach)
 
-    async def keys_of(self, body: bytes) -> list[int]:
-        """request_keys off the event loop for a large body (a 200 KB prompt takes tens of
-        milliseconds to tokenize: other requests must not wait for it)."""
+    def _reach(self, ids: list[int]) -> int:
+        return max(self.index.longest_prefix(ids).values(), default=0)
+
+    async def keys_of(self, body: bytes) -> PromptKeys:
+        """request_keys off the event loop for a large body (tokenizing 16 KB takes a few
+        milliseconds, 200 KB a hundred: other requests must not wait for it)."""
         if len(body) < THREAD_ABOVE:
             return self.request_keys(body)
         return await asyncio.to_thread(self.request_keys, body)
 
-    def choose(self, keys: list[int], candidates: list):
-        cached = self.index.longest_prefix(keys)
-        return choose(candidates, cached, len(keys), self.rng, self.index.stale, self.alpha,
+    def choose(self, keys: PromptKeys | list[int], candidates: list):
+        if not isinstance(keys, PromptKeys):
+            keys = PromptKeys(list(keys), len(keys))
+        cached = self.index.longest_prefix(keys.ids)
+        return choose(candidates, cached, keys.total, self.rng, self.index.stale, self.alpha,
                       self.clock())
 
-    def remember(self, keys: list[int], chosen, live) -> None:
+    def remember(self, keys, chosen, live) -> None:
         self.index.note_traffic(chosen, self.clock())
