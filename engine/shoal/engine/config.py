@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shoal.engine.errors import ConfigError, ModelNotFoundError
 from shoal.engine.kv_events_config import KVEventsConfig, parse_kv_events_config
+from shoal.engine.lora.config import LoRAConfig
 
 GiB = 1 << 30
 # The KV cache budget in GiB when no flag is given: Shoal's own, then vLLM's CPU variable (read
@@ -124,6 +125,8 @@ class EngineConfig:
     # vLLM's --kv-events-config (kv_events_config.py): a KVEventsConfig, or its JSON text or
     # dict (normalised here). None or disabled: the engine builds no events at all.
     kv_events_config: KVEventsConfig | None = None
+    # --enable-lora (lora/config.py): adapter slots and the largest rank; None = no LoRA.
+    lora_config: LoRAConfig | None = None
     architectures: tuple[str, ...] = ()  # derived from config.json
     model_max_len: int = 0  # derived: the model's own context length
 
@@ -193,6 +196,10 @@ class EngineConfig:
                   "every node runs the same number of ranks.")
         if not 0 <= self.node_rank < nnodes:
             _fail(f"node_rank {self.node_rank} is outside [0, nnodes {nnodes}).")
+        if self.lora_config is not None and tp > 1:
+            _fail(f"--enable-lora with --tensor-parallel-size {tp} is not supported: LoRA "
+                  "adapters are applied on one rank only (A and B are not sharded); serve "
+                  "adapters with --tensor-parallel-size 1.")
         if not 0 < self.master_port < 65535:
             _fail(f"master_port must be in 1..65534 (the control link uses master_port + 1), "
                   f"got {self.master_port}.")

@@ -81,10 +81,27 @@ class RequestOutput:
 _VLLM_NAMES = {"num_gpu_blocks_override": "num_kv_blocks"}
 
 
+_LORA_ARGS = ("max_loras", "max_lora_rank", "max_cpu_loras")
+
+
+def _lora_args(kwargs: dict) -> dict:
+    """vLLM's enable_lora, max_loras, max_lora_rank, max_cpu_loras -> lora_config."""
+    enable = kwargs.pop("enable_lora", False)
+    given = {k: kwargs.pop(k) for k in _LORA_ARGS if k in kwargs}
+    if not enable:
+        if given:
+            raise TypeError(f"LLM() got {sorted(given)} without enable_lora=True")
+        return kwargs
+    from shoal.engine.lora.config import LoRAConfig
+
+    return {**kwargs, "lora_config": LoRAConfig(**given)}
+
+
 def _engine_args(kwargs: dict) -> dict:
     """EngineConfig's arguments out of LLM's (vLLM's names translated); a vLLM argument this
     engine does not implement (or a no-op one with a value that would mean something) is a
     TypeError naming it."""
+    kwargs = _lora_args(dict(kwargs))
     for vllm_name, name in _VLLM_NAMES.items():
         if vllm_name in kwargs:
             if name in kwargs:
@@ -186,15 +203,19 @@ class LLM:
         return None, list(prompt)
 
     def generate(self, prompts, sampling_params: wire.SamplingParams | list | None = None, *,
-                 use_tqdm: bool = True, priority: int | list[int] | None = None
+                 use_tqdm: bool = True, priority: int | list[int] | None = None,
+                 lora_request: wire.LoRARequest | list | None = None
                  ) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order. `use_tqdm` is accepted for vLLM's
         signature; no progress bar is drawn. `priority`: one for all prompts or one each (vLLM's;
-        other than 0 only with scheduling_policy="priority"). A bad prompt or parameter raises
-        ValueError before anything is submitted."""
+        other than 0 only with scheduling_policy="priority"). `lora_request`: vLLM's
+        LoRARequest(name, int_id, path) for all prompts, or one each (None = the base model),
+        with enable_lora=True. A bad prompt, parameter or adapter raises ValueError before
+        anything is submitted."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return self._run([self._prompt(p) for p in prompts], sampling_params, priority)
+        return self._run([self._prompt(p) for p in prompts], sampling_params, priority,
+                         lora_request)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: wire.SamplingParams | list | None = None, *,
@@ -211,7 +232,7 @@ class LLM:
         return self._run(rendered, sampling_params, priority)
 
     def _run(self, prompts: list[tuple[str | None, list[int]]], sampling_params,
-             priority: int | list[int] | None = None) -> list[RequestOutput]:
+             priority: int | list[int] | None = None, lora_request=None) -> list[RequestOutput]:
         from shoal.engine.frontend.output_processor import OutputProcessor
 
         if not prompts:
@@ -223,9 +244,15 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
         priorities = _priority_to_seq(priority, len(prompts))
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora requests.")
+        for lora in {id(x): x for x in loras if x is not None}.values():
+            self.client.engine_core.add_lora(lora)  # a bad adapter fails here, before any add
         op = OutputProcessor(self.tokenizer)
         results, requests, slots = [], [], {}
-        for (text, ids), sp, prio in zip(prompts, params, priorities, strict=True):
+        for (text, ids), sp, prio, lora in zip(prompts, params, priorities, loras, strict=True):
             sp.verify()
             rid = str(next(self._ids))
             res = RequestOutput(rid, text, ids, [CompletionOutput(j, "", []) for j in range(sp.n)])
@@ -233,7 +260,7 @@ class LLM:
             for out in res.outputs:  # validate all first: a bad prompt submits nothing
                 p = msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None
                                             else sp.seed + out.index)
-                req = self.input_processor.process(f"{rid}-{out.index}", ids, p, prio)
+                req = self.input_processor.process(f"{rid}-{out.index}", ids, p, prio, lora)
                 requests.append(req)
                 slots[req.request_id] = (res, out, op.add_request(
                     req.request_id, req.request_id, len(ids), req.sampling_params))

@@ -152,6 +152,17 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
         return self.temperature == 0.0
 
 
+class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A LoRA adapter a request runs with (vLLM's LoRARequest: name, a positive integer id
+    unique per adapter, the PEFT directory). The engine keys its prefix cache by (name, id), so
+    an adapter loaded again under a new id never reuses the old one's blocks."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    base_model_name: str | None = None  # what /v1/models names as its parent
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Frontend -> engine: one request, already tokenized (prompts never cross as strings)."""
 
@@ -167,6 +178,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # vLLM's request `priority` (--scheduling-policy priority: lower values are scheduled first
     # and preempted last); 0 under fcfs, where the frontend refuses any other value.
     priority: int = 0
+    # The LoRA adapter this request runs with (--enable-lora); None = the base model.
+    lora_request: LoRARequest | None = None
 
 
 class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -210,6 +223,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # waited in the engine's queue] on the engine's clock: vLLM's request_queue_time_seconds,
     # and the start of prefill for request_prefill_time_seconds.
     first_scheduled: list[tuple[str, float]] | None = None
+    # --enable-lora: adapter name -> requests running / waiting with it (vLLM's SchedulerStats
+    # fields, feeding vllm:lora_requests_info); None without LoRA.
+    running_lora_adapters: dict[str, int] | None = None
+    waiting_lora_adapters: dict[str, int] | None = None
 
 
 class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 
+import msgspec
 from shoal.engine import wire
 from shoal.engine.config import EngineConfig
 from shoal.engine.core.kv_events import KVEventBatch
@@ -42,7 +43,8 @@ def default_executor_class(config: EngineConfig):
 class EngineCore:
     # Methods a client may call by name through `call_utility` (the UTILITY request).
     UTILITY_METHODS = frozenset({"get_kv_stats", "reset_prefix_cache", "get_engine_info",
-                                 "has_unfinished_requests"})
+                                 "has_unfinished_requests", "add_lora", "remove_lora",
+                                 "list_loras"})
 
     def __init__(self, config: EngineConfig, executor_class=None, *,
                  scheduling_policy: str = "fcfs") -> None:
@@ -79,7 +81,9 @@ class EngineCore:
             enable_chunked_prefill=config.enable_chunked_prefill,
             structured_output_manager=self.structured_output_manager,
             policy=scheduling_policy,
+            max_loras=None if config.lora_config is None else config.lora_config.max_loras,
         )
+        self.loras: dict[int, wire.LoRARequest] = {}  # adapters read and checked, by id
         self.kv_event_publisher = self._start_kv_events(config)
         self._pending_aborts: list[str] = []
         self._aborts_lock = threading.Lock()
@@ -151,9 +155,57 @@ class EngineCore:
             except ValueError as exc:
                 raise ValueError(f"request {request.request_id}: invalid structured output "
                                  f"({params.structured_outputs.kind}): {exc}") from None
+        if request.lora_request is not None:
+            self._check_lora(request)
         req = Request.from_engine_core_request(request, max_tokens)
         req.queued_at = time.monotonic()
         self.scheduler.add_request(req)
+
+    def _check_lora(self, request: wire.EngineCoreRequest) -> None:
+        """A request's adapter is read and checked before the request is queued (a bad one is
+        the request's error, never a failed step)."""
+        lora = request.lora_request
+        if self.config.lora_config is None:
+            raise ValueError(f"request {request.request_id}: LoRA adapter "
+                             f"{lora.lora_name!r} asked for, but LoRA is not enabled (start "
+                             "the engine with --enable-lora / enable_lora=True).")
+        if lora.lora_int_id not in self.loras:
+            self.add_lora(lora)
+        else:
+            self._check_same(lora)
+
+    def _check_same(self, lora: wire.LoRARequest) -> None:
+        known = self.loras[lora.lora_int_id]
+        if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
+            raise ValueError(f"LoRA id {lora.lora_int_id} is adapter {known.lora_name!r} "
+                             f"({known.lora_path}); {lora.lora_name!r} ({lora.lora_path}) "
+                             "cannot take the same id: give each adapter its own lora_int_id.")
+
+    # -- LoRA adapters (utilities: vLLM's add_lora / remove_lora / list_loras) -------------
+
+    def add_lora(self, lora) -> bool:
+        """Read and check an adapter into the workers' host cache; ValueError (LoRALoadError)
+        naming what cannot be applied. True if it was new."""
+        if not isinstance(lora, wire.LoRARequest):  # a UTILITY call's msgpack array
+            lora = msgspec.convert(lora, wire.LoRARequest)
+        if self.config.lora_config is None:
+            raise ValueError("LoRA is not enabled: start the engine with --enable-lora.")
+        if lora.lora_int_id < 1:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r}: lora_int_id must be a positive "
+                             f"integer, got {lora.lora_int_id}.")
+        if lora.lora_int_id in self.loras:
+            self._check_same(lora)
+        new = all(self.model_executor.collective_rpc("add_lora", (lora,)))
+        self.loras[lora.lora_int_id] = lora
+        return new
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (requests still running with it read it again from its path)."""
+        self.loras.pop(lora_int_id, None)
+        return all(self.model_executor.collective_rpc("remove_lora", (lora_int_id,)))
+
+    def list_loras(self) -> list[int]:
+        return sorted(self.loras)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort now (call from the thread that steps). Idempotent."""

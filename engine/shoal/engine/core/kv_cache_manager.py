@@ -28,6 +28,16 @@ def hash_block(parent_hash: int, tokens: tuple[int, ...]) -> int:
     return hash((parent_hash, tokens))
 
 
+def root_hash(request: Request) -> int:
+    """The chain's start: the base model's, or one per LoRA adapter (name and id), so blocks
+    are never shared across adapters or between an adapter and the base model (vLLM folds the
+    adapter into every block hash's extra keys the same way)."""
+    lora = request.lora_request
+    if lora is None:
+        return _ROOT_HASH
+    return hash((_ROOT_HASH, lora.lora_name, lora.lora_int_id))
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         self.block_size = block_size
@@ -48,7 +58,7 @@ class KVCacheManager:
         tokens = request.all_token_ids
         while (len(hashes) + 1) * bs <= len(tokens):
             start = len(hashes) * bs
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else root_hash(request)
             hashes.append(hash_block(parent, tuple(tokens[start:start + bs])))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
@@ -115,7 +125,8 @@ class KVCacheManager:
                 start = i if start is None else start
             elif start is not None:
                 self.pool.events.append(kv_events.block_stored(
-                    hashes, start, i, request.all_token_ids, self.block_size))
+                    hashes, start, i, request.all_token_ids, self.block_size,
+                    request.lora_request))
                 start = None
 
     def free(self, request: Request) -> None:

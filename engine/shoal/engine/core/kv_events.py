@@ -19,9 +19,10 @@ Hashes are Shoal's own chained block hashes as unsigned 64-bit integers (vLLM's 
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); they differ between engine processes (a per-process seed),
 so a router keys blocks by its own hash of token_ids, as llm-d does. `medium` is "GPU": vLLM's
 name for the engine's own KV cache whatever the device ("CPU" names its offloading tier,
-which Shoal does not have); group_idx is 0, the one KV cache group. No LoRA: lora_id and
-lora_name are None. The replay socket (kv_event_publisher.py) answers a request (one frame: the
-8-byte start sequence) with the buffered messages from there and an end marker.
+which Shoal does not have); group_idx is 0, the one KV cache group. lora_id and lora_name are
+the adapter's (--enable-lora; its blocks hash from a root of their own), None for the base.
+The replay socket (kv_event_publisher.py) answers a request (one frame: the 8-byte start
+sequence) with the buffered messages from there and an end marker.
 tests/engine/test_kv_events_contract.py decodes Shoal's real events with vLLM's own classes.
 """
 
@@ -77,13 +78,15 @@ class KVEventBatch(EventBatch):
 
 
 def block_stored(hashes: list[int], start: int, end: int, tokens: list[int],
-                 block_size: int) -> BlockStored:
-    """BlockStored for blocks [start, end) of a request whose chained hashes are `hashes`."""
+                 block_size: int, lora=None) -> BlockStored:
+    """BlockStored for blocks [start, end) of a request whose chained hashes are `hashes`;
+    `lora`: its wire.LoRARequest (lora_id and lora_name, as vLLM's), None for the base model."""
     return BlockStored(
         block_hashes=[h & _U64 for h in hashes[start:end]],
         parent_block_hash=hashes[start - 1] & _U64 if start else None,
         token_ids=tokens[start * block_size:end * block_size], block_size=block_size,
-        lora_id=None, medium=MEDIUM, lora_name=None, group_idx=GROUP_IDX)
+        lora_id=None if lora is None else lora.lora_int_id, medium=MEDIUM,
+        lora_name=None if lora is None else lora.lora_name, group_idx=GROUP_IDX)
 
 
 def block_removed(hashes: list[int]) -> BlockRemoved:

@@ -50,6 +50,7 @@ class Request:
         eos_token_id: int | None = None,
         arrival_time: float = 0.0,
         priority: int = 0,
+        lora_request: wire.LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -58,6 +59,7 @@ class Request:
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
         self.priority = priority  # --scheduling-policy priority: lower values are served first
+        self.lora_request = lora_request  # --enable-lora: its adapter; None = the base model
         self.status = RequestStatus.WAITING
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
@@ -75,7 +77,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: wire.EngineCoreRequest, max_tokens: int) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, max_tokens,
-                   req.eos_token_id, req.arrival_time, req.priority)
+                   req.eos_token_id, req.arrival_time, req.priority, req.lora_request)
 
     def __lt__(self, other: Request) -> bool:
         """The priority queue's order (vLLM's Request.__lt__): lower priority value, then earlier

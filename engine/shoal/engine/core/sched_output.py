@@ -21,6 +21,7 @@ class NewRequestData:
     prompt_token_ids: list[int]
     sampling_params: wire.SamplingParams
     eos_token_id: int | None
+    lora_request: wire.LoRARequest | None = None  # --enable-lora: the adapter it runs with
 
 
 @dataclass

@@ -52,7 +52,12 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         structured_output_manager=None,
         policy: str = FCFS,
+        max_loras: int | None = None,
     ) -> None:
+        """`max_loras`: --enable-lora's device slots: no step runs more distinct adapters
+        (a waiting request whose adapter would be one too many waits, passed over, as vLLM's
+        scheduler does); None = no LoRA."""
+        self.max_loras = max_loras
         self.structured = structured_output_manager
         self.policy = policy
         self.max_num_seqs = max_num_seqs
@@ -148,11 +153,17 @@ class Scheduler:
             i += 1
 
         compiling: list[Request] = []  # passed over this step: their grammars are not ready
+        loras = self._running_loras() if self.max_loras else None
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             req = self.waiting.peek()
             if req.grammar is not None and not self.structured.is_ready(req):
                 compiling.append(self.waiting.pop_next())
+                continue
+            lora = req.lora_request
+            if (loras is not None and lora is not None and lora.lora_int_id not in loras
+                    and len(loras) >= self.max_loras):
+                compiling.append(self.waiting.pop_next())  # its adapter would be one too many
                 continue
             if req.grammar is not None and req.grammar.error is not None:
                 self.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR)
@@ -170,6 +181,8 @@ class Scheduler:
             if self.kv.allocate_slots(req, n, hit_blocks) is None:
                 break
             self.waiting.pop_next()
+            if loras is not None and lora is not None:
+                loras.add(lora.lora_int_id)
             self.kv.record_lookup(req.num_tokens, n_hit)
             req.num_computed_tokens = n_hit
             if req.num_cached_tokens < 0:
@@ -180,6 +193,17 @@ class Scheduler:
             budget -= n
         self.waiting.prepend_all(compiling)
         return self._make_output(scheduled, preempted)
+
+    def _running_loras(self) -> set[int]:
+        return {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+
+    def _lora_counts(self, requests) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in requests:
+            if r.lora_request is not None:
+                name = r.lora_request.lora_name
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def _pick_victim(self) -> Request:
         """The running request to preempt: the last admitted (fcfs), or the one with the
@@ -208,7 +232,8 @@ class Scheduler:
             if rid not in self._seen_by_runner:
                 self._seen_by_runner.add(rid)
                 out.new_requests.append(NewRequestData(
-                    rid, req.prompt_token_ids, req.sampling_params, req.eos_token_id))
+                    rid, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
+                    req.lora_request))
             out.req_ids.append(rid)
             out.token_ids.append(req.all_token_ids[start:start + n])
             out.start_positions.append(start)
@@ -289,5 +314,8 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             step_counter=self.step_counter,
         )
+        if self.max_loras:
+            stats.running_lora_adapters = self._lora_counts(self.running)
+            stats.waiting_lora_adapters = self._lora_counts(self.waiting)
         self._num_preemptions = 0
         return stats

@@ -13,7 +13,7 @@ import time
 
 from shoal.engine.core.request_queue import PRIORITY, priority_refusal
 from shoal.engine.errors import InvalidRequestError
-from shoal.engine.wire import EngineCoreRequest, SamplingParams
+from shoal.engine.wire import EngineCoreRequest, LoRARequest, SamplingParams
 
 
 class InputProcessor:
@@ -63,7 +63,8 @@ class InputProcessor:
         return f"{external_id}-{secrets.token_hex(4)}"
 
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams, priority: int = 0) -> EngineCoreRequest:
+                params: SamplingParams, priority: int = 0,
+                lora_request: LoRARequest | None = None) -> EngineCoreRequest:
         """Validate and build the request. `params` is completed in place (max_tokens, stop
         token ids) so the caller sees what was actually asked of the engine."""
         if priority != 0 and self.scheduling_policy != PRIORITY:
@@ -101,4 +102,5 @@ class InputProcessor:
             arrival_time=time.time(),
             eos_token_id=self.tokenizer.eos_token_id,
             priority=priority,
+            lora_request=lora_request,
         )

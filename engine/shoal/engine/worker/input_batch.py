@@ -17,6 +17,7 @@ class CachedRequestState:
     eos_token_id: int | None
     generator: torch.Generator | None
     output_token_ids: list[int] = field(default_factory=list)
+    lora_request: wire.LoRARequest | None = None  # --enable-lora: the adapter it runs with
 
     @property
     def has_penalties(self) -> bool:

@@ -16,6 +16,7 @@ from shoal.engine import wire
 from shoal.engine.config import EngineConfig, check_model_readable
 from shoal.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from shoal.engine.errors import UnsupportedModelError
+from shoal.engine.lora import layers as lora_layers
 from shoal.engine.worker import (
     kv_sizing,
     logprobs,
@@ -73,6 +74,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self._gather_bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cpu: CpuBackend | None = None  # the CPU backend's hook (worker/cpu/), at load
+        self.lora = None  # LoRAManager with --enable-lora (lora/manager.py), at load
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         # prompt_logprobs requests whose first token is not sampled yet -> the prompt's rows
         # gathered so far, as (first position, rows) per chunk. Empty: no extra work per step.
@@ -124,6 +126,27 @@ class ModelRunner:
                  layout.describe())
         self.cpu.load_decode_kernel(self.head_dim, self.block_size, layout.num_heads,
                                     self.num_kv_heads)
+        if self.config.lora_config is not None:  # after the probes: they run the base layers
+            from shoal.engine.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, self.config.lora_config, self.device)
+
+    # -- LoRA adapters (--enable-lora) ----------------------------------------------------
+
+    def add_lora(self, request: wire.LoRARequest) -> bool:
+        return self._lora().add(request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self._lora().remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self._lora().list()
+
+    def _lora(self):
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled: start the engine with --enable-lora "
+                             "(enable_lora=True)")
+        return self.lora
 
     def kv_bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
@@ -174,7 +197,8 @@ class ModelRunner:
             if new.sampling_params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
             self.states[new.req_id] = CachedRequestState(
-                new.req_id, new.prompt_token_ids, new.sampling_params, new.eos_token_id, gen)
+                new.req_id, new.prompt_token_ids, new.sampling_params, new.eos_token_id, gen,
+                lora_request=new.lora_request)
             if new.sampling_params.prompt_logprobs is not None and self.rank == 0:
                 self.prompt_lp_parts[new.req_id] = []
 
@@ -243,7 +267,11 @@ class ModelRunner:
         if prompt_rows:  # prompt positions whose logits the asking requests need, after those
             extra = [torch.arange(o, o + n) for _, _, o, n in prompt_rows]
             keep = torch.cat([keep, torch.cat(extra).to(self.device)])
-        with self.cpu.active():
+        lora_batch = None
+        if self.lora is not None:
+            lora_batch = self.lora.batch(
+                [self.states[rid].lora_request for rid in sched.req_ids], lens)
+        with self.cpu.active(), lora_layers.active(lora_batch):
             out = self.model(input_ids=input_ids[None], position_ids=positions[None],
                              logits_to_keep=keep, shoal_attn=meta, use_cache=False)
         result = ModelRunnerOutput()

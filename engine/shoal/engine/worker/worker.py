@@ -133,6 +133,15 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
 
+    def add_lora(self, request) -> bool:
+        return self.model_runner.add_lora(request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.model_runner.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self.model_runner.list_loras()
+
     def get_vocab_size(self) -> int:
         return self.model_runner.vocab_size
 

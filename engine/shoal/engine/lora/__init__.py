@@ -1,0 +1,2 @@
+"""LoRA adapters (vLLM's --enable-lora): PEFT adapters on the attention and MLP projections,
+many adapters and the base model in one batch. docs/engine.md, "LoRA adapters"."""
