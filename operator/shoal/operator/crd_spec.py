@@ -15,7 +15,7 @@ from shoal.operator.model_source import (
     PVC_MOUNT_DIR,
 )
 from shoal.operator.openapi import obj, opaque, typed, values
-from shoal.operator.spec import DEFAULTS, RestartPolicyType, Runtime
+from shoal.operator.spec import DEFAULTS, AutoscaleMetric, RestartPolicyType, Runtime
 from shoal.operator.template import FRONTEND_OWNED_POD
 
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
@@ -92,7 +92,10 @@ def _shape_fields() -> dict:
     return {
         "replicas": _int("replicas is the number of engine groups; each group is one complete "
                          "model instance (one EngineCore) made of `nodesPerGroup` pods. Driven "
-                         "by the scale subresource (HPA/KEDA). Example: `3`. Default: `1`.",
+                         "by the scale subresource (HPA/KEDA). With `autoscaling` set it is only "
+                         "the count the operator's autoscaler starts from (clamped to its "
+                         "bounds); afterwards it is ignored, `kubectl scale` included (the "
+                         "`Autoscaling` condition says so). Example: `3`. Default: `1`.",
                          "replicas", 0, 1000),
         "tensorParallelSize": _int("tensorParallelSize is the tensor-parallel degree of one "
                                    "group, over all its pods (vLLM's `--tensor-parallel-size`); "
@@ -249,6 +252,57 @@ def _shutdown() -> dict:
     )
 
 
+def _autoscaling() -> dict:
+    m = AutoscaleMetric
+    one_target = [{"required": [t.value]} for t in m]
+    return obj(
+        "autoscaling turns on the operator's own autoscaler (no Prometheus, adapter or KEDA): "
+        "every 15 s it reads rank 0's /metrics of each Ready group and sets the group count "
+        "to ceil(readyGroups * value / target) (HPA's rule, 10% tolerance), within "
+        "[`minReplicas`, `maxReplicas`], after the stabilization windows below. Scale-down is "
+        "the ordered drain of the highest groups. With `minReplicas: 0` an engine with no "
+        "request for `scaleDownDelaySeconds` has no group left; the annotation "
+        "`shoal.dev/wake-requested-at` (an RFC 3339 time, written by the gateway or a "
+        "frontend holding a request) starts one again. `spec.replicas` is then only the "
+        "starting count; an HPA aimed at the resource is reported in the `Autoscaling` "
+        "condition. Set exactly one target. Example: `{minReplicas: 0, maxReplicas: 4, "
+        "requestsPerGroup: 8}`. Default: none (the count is `spec.replicas`).",
+        {
+            "minReplicas": _int("minReplicas is the fewest groups; `0` lets an idle engine go "
+                                "to zero. Example: `0`. Default: `1`.",
+                                "autoscaling.minReplicas", 0, 1000),
+            "maxReplicas": typed("integer", "maxReplicas is the most groups; at least "
+                                 "`minReplicas` (SpecValid names both otherwise). Required. "
+                                 "Example: `4`.", minimum=1, maximum=1000, format="int32"),
+            m.REQUESTS_PER_GROUP.value: typed(
+                "number", "requestsPerGroup targets the requests running plus waiting per "
+                "ready group (vLLM's `vllm:num_requests_running` + `vllm:num_requests_waiting`)."
+                " Example: `8`. Default: none.", minimum=0, exclusiveMinimum=True),
+            m.KV_CACHE_USAGE.value: typed(
+                "number", "kvCacheUsage targets the mean KV-cache usage of the ready groups, "
+                "0..1 (`vllm:kv_cache_usage_perc`). Example: `0.7`. Default: none.",
+                minimum=0, exclusiveMinimum=True, maximum=1),
+            m.TTFT_P90_SECONDS.value: typed(
+                "number", "ttftP90Seconds targets the p90 time to first token, in seconds, of "
+                "the requests of the last scrape interval over all ready groups (deltas of "
+                "`vllm:time_to_first_token_seconds`). Example: `2`. Default: none.",
+                minimum=0, exclusiveMinimum=True),
+            "scaleUpStabilizationSeconds": _int(
+                "scaleUpStabilizationSeconds: more groups only after the wanted count stayed "
+                "above the current one this long (then the lowest wanted in that time); a "
+                "spike shorter than this adds none. Example: `0`. Default: `30`.",
+                "autoscaling.scaleUpStabilizationSeconds", 0, 3600),
+            "scaleDownDelaySeconds": _int(
+                "scaleDownDelaySeconds: fewer groups only after the wanted count stayed below "
+                "the current one this long (then the highest wanted in that time); zero groups "
+                "only after this long with no request at all. Example: `600`. Default: `300`.",
+                "autoscaling.scaleDownDelaySeconds", 0, 86400),
+        },
+        required=["maxReplicas"],
+        oneOf=one_target,
+    )
+
+
 def _restart_policy() -> dict:
     recreate, never = RestartPolicyType.RECREATE_GROUP_ON_FAILURE, RestartPolicyType.NEVER
     return obj(
@@ -317,6 +371,7 @@ def spec_schema() -> dict:
                             "hub.", pattern="^https?://"),
         "shutdown": _shutdown(),
         "restartPolicy": _restart_policy(),
+        "autoscaling": _autoscaling(),
     }
     return obj("spec is the desired state: which model to serve, how many engine groups, how "
                "each group is split over ranks, and how engines stop and restart.",

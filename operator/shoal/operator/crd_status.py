@@ -129,8 +129,41 @@ def _count(description: str) -> dict:
     return typed("integer", description, format="int32")
 
 
+def _autoscaling() -> dict:
+    return obj(
+        "autoscaling is the operator's autoscaler's last decision (spec.autoscaling only), and "
+        "what it remembers between passes.",
+        {
+            "currentGroups": _count("currentGroups is the number of Ready groups the decision "
+                                    "measured. Example: `2`."),
+            "desiredGroups": _count("desiredGroups is the group count the autoscaler set "
+                                    "(what the operator runs, instead of spec.replicas). "
+                                    "Example: `3`."),
+            "metric": typed("string", "metric is the target's name. Example: "
+                            "`requestsPerGroup`."),
+            "value": typed("number", "value is the metric as last measured (absent when none "
+                           "was). Example: `11.5`."),
+            "target": typed("number", "target is the metric's target. Example: `8`."),
+            "reason": typed("string", "reason says why the count is what it is, with the "
+                            "numbers."),
+            "lastScaleTime": _time("lastScaleTime is when the autoscaler last changed the "
+                                   "count."),
+            "lastScaleDirection": typed("string", "lastScaleDirection of that change: `Up` or "
+                                        "`Down`.", enum=["Up", "Down"]),
+            "upSince": _time("upSince is since when more groups are wanted (scale-up "
+                             "stabilization)."),
+            "upTo": _count("upTo is the fewest groups wanted since upSince."),
+            "downSince": _time("downSince is since when fewer groups are wanted (scale-down "
+                               "delay)."),
+            "downTo": _count("downTo is the most groups wanted since downSince."),
+        },
+    )
+
+
 def status_schema() -> dict:
-    conditions = typed("array", f"conditions: {_one_of(ConditionType)}.", items=_condition(),
+    conditions = typed("array", f"conditions: {_one_of(ConditionType)}; and Autoscaling while "
+                       "spec.autoscaling is set (False, HPAConflict, when an HPA targets the "
+                       "resource).", items=_condition(),
                        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     return obj(
         "status is the observed state, written by the operator only.",
@@ -158,5 +191,6 @@ def status_schema() -> dict:
             "groups": typed("array", "groups is the state of every engine group, rank by rank.",
                             items=_group()),
             "lastFailure": _failure(),
+            "autoscaling": _autoscaling(),
         },
     )

@@ -54,6 +54,12 @@ class Observed:
     fetch_logs: Mapping[int, Mapping[int, str]] = field(default_factory=dict)
     deleting: bool = False
     generation: int = 0
+    # spec.autoscaling only (autoscale.py): this pass's scrape of each ready group's rank 0
+    # (None: no scrape this pass; a group's None: it did not answer), the wake annotation as
+    # written, and the HPAs aimed at the resource (autoscale_hpa.HPAs; None: not listed)
+    samples: Mapping | None = None
+    wake: str | None = None
+    hpas: object | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class Memory:
     groups: Mapping[int, dict] = field(default_factory=dict)
     last_failure: dict | None = None
     restart_count: int = 0
+    autoscaling: dict | None = None  # status.autoscaling: the autoscaler's count and windows
 
     @classmethod
     def of(cls, status: dict) -> Memory:
@@ -71,6 +78,7 @@ class Memory:
             groups={int(g["index"]): dict(g) for g in status.get("groups") or []},
             last_failure=status.get("lastFailure"),
             restart_count=int(status.get("restartCount", 0)),
+            autoscaling=status.get("autoscaling"),
         )
 
 

@@ -13,6 +13,8 @@ reports. The steps, LWS style:
    track readiness;
 4. start at most one rolling update;
 5. the discovery file lists the ready groups.
+With spec.autoscaling, step 0 is the autoscaler's decision (autoscale.decide(), pure too): its
+count replaces spec.replicas, so a scale-down is the same ordered drain as any other.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from shoal.contract.model_fetch import FETCH_CONTAINER
-from shoal.operator import fetch_progress, render
+from shoal.operator import autoscale, fetch_progress, render
 from shoal.operator import labels as L
 from shoal.operator.actions import Action, ApplyChildren, CreatePods, WriteDiscovery
 from shoal.operator.backoff import restart_delay, restarts_exhausted
@@ -62,12 +64,30 @@ class Plan:
     restart_count: int
     # draining group -> rank 0's /metrics
     drain_probes: Mapping[int, str] = field(default_factory=dict)
+    # spec.autoscaling: status.autoscaling and the Autoscaling condition's (ok, reason, message)
+    autoscaling: dict | None = None
+    autoscaling_condition: tuple[bool, str, str] | None = None
+
+
+def _autoscale(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime,
+               problems: list[str]) -> autoscale.Decision | None:
+    if spec.autoscaling is None or observed.deleting or problems:
+        return None
+    ready = {g for g, m in memory.groups.items() if m.get("phase") == GroupPhase.READY}
+    return autoscale.decide(spec.autoscaling, replicas=spec.replicas, ready=ready,
+                            samples=observed.samples, memory=memory.autoscaling,
+                            wake=observed.wake, now=now)
 
 
 def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime) -> Plan:
     deleting = observed.deleting
     problems = spec_problems(observed.ref.name, spec)
+    decision = _autoscale(spec, observed, memory, now, problems)
     replicas = 0 if deleting else spec.replicas
+    if decision is not None:
+        replicas = decision.desired
+    elif spec.autoscaling is not None and not deleting:  # invalid spec: the last count stays
+        replicas = int((memory.autoscaling or {}).get("desiredGroups", spec.replicas))
     serving = {g for g, m in memory.groups.items()
                if m.get("phase") == GroupPhase.READY and g < replicas}
     st = PassState(ref=observed.ref, spec=spec, now=now, last_failure=memory.last_failure,
@@ -75,6 +95,10 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
                    in_flight=dict(observed.in_flight), serving=serving,
                    fetch_logs=observed.fetch_logs)
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
+    if decision is not None:
+        if decision.event:
+            st.event(NORMAL, *decision.event)
+        st.requeue(autoscale.PERIOD_SECONDS if replicas else autoscale.WAKE_POLL_SECONDS)
     if not problems and not deleting:
         st.act(ApplyChildren(tuple(sorted(st.serving))))
 
@@ -120,6 +144,9 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
         last_failure=st.last_failure,
         restart_count=st.restart_count,
         drain_probes=dict(st.drain_probes),
+        autoscaling=decision.memory if decision else memory.autoscaling,
+        autoscaling_condition=(autoscale.verdict(spec.replicas, decision, observed.hpas)
+                               if decision else None),
     )
 
 

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
 from shoal.contract.model_fetch import FETCH_CONTAINER
 from shoal.operator import fetch_progress
 from shoal.operator import labels as L
 from shoal.operator.apply import Applier
+from shoal.operator.autoscale_hpa import HPALister, HPAs
+from shoal.operator.autoscale_scrape import Scrape, Scraper
 from shoal.operator.kube import Kube
-from shoal.operator.observed import iso, owned_by, pod_ready, status_differs
+from shoal.operator.observed import iso, metrics_url, owned_by, pod_ready, status_differs
 from shoal.operator.phases import GroupPhase
 from shoal.operator.plan import Memory, Observed, Plan, plan
 from shoal.operator.settings import OperatorSettings
@@ -38,6 +41,8 @@ log = logging.getLogger("shoal.operator.reconcile")
 PodSource = Callable[[str, str, str], list[dict]]
 # (namespace, engine name) -> draining group -> rank 0's requests in flight, as last read.
 InFlight = Callable[[str, str], dict[int, int]]
+# (namespace, engine name) -> the HPAs aimed at it (spec.autoscaling only).
+HPASource = Callable[[str, str], HPAs]
 
 
 @dataclass
@@ -56,17 +61,21 @@ class Outcome:
 class Reconciler:
     """Holds the API client, a clock, where pods are read from (a LIST per pass unless the
     handlers give their kopf index), where drain counts are read from (none unless the handlers
-    run drain probes) and the applier; one lock per resource serialises passes."""
+    run drain probes), the autoscaler's reads (rank 0's /metrics, the HPAs) and the applier;
+    one lock per resource serialises passes."""
 
     def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True,
                  pods: PodSource | None = None, in_flight: InFlight | None = None,
-                 settings: OperatorSettings | None = None):
+                 settings: OperatorSettings | None = None, scrape: Scrape | None = None,
+                 hpas: HPASource | None = None):
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self.pods = pods or listed_pods(kube)
         self.in_flight = in_flight or (lambda namespace, name: {})
+        self.scrape = scrape or Scraper()
+        self.hpas = hpas or HPALister(kube)
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -115,10 +124,20 @@ class Reconciler:
                 lbl = p["metadata"]["labels"]
                 by_group.setdefault(int(lbl[L.LABEL_GROUP]), {})[int(lbl[L.LABEL_RANK])] = p
         meta = body["metadata"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        autoscaled = bool((body.get("spec") or {}).get("autoscaling")) and not deleting
         return Observed(ref=ref, pods=by_group, in_flight=self.in_flight(ref.namespace, ref.name),
                         fetch_logs=self._fetch_logs(ref, by_group),
-                        deleting=bool(meta.get("deletionTimestamp")),
-                        generation=meta.get("generation", 0))
+                        deleting=deleting, generation=meta.get("generation", 0),
+                        samples=self._scrape(ref, by_group) if autoscaled else None,
+                        wake=(meta.get("annotations") or {}).get(WAKE_REQUESTED_ANNOTATION),
+                        hpas=self.hpas(ref.namespace, ref.name) if autoscaled else None)
+
+    def _scrape(self, ref: EngineRef, by_group: dict) -> dict | None:
+        """Rank 0's /metrics of every group whose rank 0 is Ready (None: no read due now)."""
+        targets = {g: url for g, pods in by_group.items()
+                   if 0 in pods and pod_ready(pods[0]) and (url := metrics_url(pods[0]))}
+        return self.scrape(ref.namespace, ref.name, targets)
 
     def _fetch_logs(self, ref: EngineRef, by_group: dict) -> dict[int, dict[int, str]]:
         """The log tail of every running model-fetch container (its download progress). A read
@@ -149,8 +168,11 @@ class Reconciler:
                                frontends_desired=spec.frontend_replicas,
                                pods_left=sum(len(g) for g in observed.pods.values()),
                                previous=old.get("conditions") or [], now=iso(now))
-        if status_differs(old, status):
+        dropped = "autoscaling" in old and "autoscaling" not in status
+        if status_differs(old, status) or dropped:
             patch = dict(status)
+            if dropped:  # spec.autoscaling removed: merge-patch the block away
+                patch["autoscaling"] = None
             if old.get("lastFailure") and p.last_failure:  # merge-patch: clear stale keys
                 patch["lastFailure"] = {k: None for k in old["lastFailure"]} | p.last_failure
             self.kube.patch(L.API_VERSION, L.PLURAL, ref.namespace, ref.name, {"status": patch},

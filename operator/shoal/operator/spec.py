@@ -66,6 +66,9 @@ DEFAULTS: dict[str, object] = {
     "restartPolicy.maxRestarts": 10,
     "restartPolicy.resetAfterSeconds": 600,
     "modelAuth.key": "HF_TOKEN",
+    "autoscaling.minReplicas": 1,
+    "autoscaling.scaleUpStabilizationSeconds": 30,
+    "autoscaling.scaleDownDelaySeconds": 300,
 }
 
 # The fields that shape an engine pod: a change rolls the groups one by one. Replicas,
@@ -138,6 +141,45 @@ class RestartPolicy:
         return self.policy is RestartPolicyType.NEVER
 
 
+class AutoscaleMetric(WireEnum):
+    """spec.autoscaling's target: which engine metric the group count follows."""
+
+    REQUESTS_PER_GROUP = "requestsPerGroup"  # running + waiting, per ready group
+    KV_CACHE_USAGE = "kvCacheUsage"  # vllm:kv_cache_usage_perc, averaged over ready groups
+    TTFT_P90_SECONDS = "ttftP90Seconds"  # p90 of vllm:time_to_first_token_seconds, per scrape
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """spec.autoscaling: the operator's own autoscaler (autoscale.py) decides the group count."""
+
+    min_replicas: int  # 0 = scale to zero when idle
+    max_replicas: int
+    metric: AutoscaleMetric
+    target: float
+    scale_up_stabilization_seconds: int
+    scale_down_delay_seconds: int
+    targets_given: tuple[str, ...] = ()  # every target field set (validation wants exactly one)
+
+    @classmethod
+    def of(cls, spec: dict) -> AutoscalingSpec | None:
+        a = spec.get("autoscaling")
+        if a is None:
+            return None
+        given = tuple(m.value for m in AutoscaleMetric if a.get(m.value) is not None)
+        metric = AutoscaleMetric(given[0]) if given else AutoscaleMetric.REQUESTS_PER_GROUP
+        return cls(
+            min_replicas=int(_get(spec, "autoscaling.minReplicas")),
+            max_replicas=int(a.get("maxReplicas") or 0),
+            metric=metric,
+            target=float(a.get(metric.value) or 0),
+            scale_up_stabilization_seconds=int(_get(spec,
+                                                    "autoscaling.scaleUpStabilizationSeconds")),
+            scale_down_delay_seconds=int(_get(spec, "autoscaling.scaleDownDelaySeconds")),
+            targets_given=given,
+        )
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     model: str
@@ -170,6 +212,7 @@ class EngineSpec:
     restart: RestartPolicy
     revision: str  # engine_revision() of the body's spec
     settings: OperatorSettings = OperatorSettings()  # the operator's own, not the body's
+    autoscaling: AutoscalingSpec | None = None  # set: the autoscaler decides the group count
 
     @property
     def token_key(self) -> str:
@@ -218,6 +261,7 @@ class EngineSpec:
             ),
             revision=engine_revision(spec),
             settings=settings or OperatorSettings(),
+            autoscaling=AutoscalingSpec.of(spec),
         )
 
 

@@ -13,6 +13,7 @@ from shoal.operator.render_common import selector_string
 from shoal.operator.spec import EngineRef
 
 C = ConditionType
+AUTOSCALING = "Autoscaling"  # the condition spec.autoscaling adds (autoscale.verdict)
 
 
 def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int, now: str,
@@ -150,4 +151,9 @@ def engine_status(*, ref: EngineRef, generation: int, deleting: bool, plan,
     }
     if plan.last_failure:
         status["lastFailure"] = plan.last_failure
+    if plan.autoscaling_condition is not None:
+        status["conditions"] = [*conditions, condition(
+            AUTOSCALING, *plan.autoscaling_condition, generation, now, previous)]
+    if plan.autoscaling is not None:
+        status["autoscaling"] = dict(plan.autoscaling)
     return no_empty_strings(status)

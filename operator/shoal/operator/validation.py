@@ -62,8 +62,26 @@ def spec_problems(name: str, spec: EngineSpec) -> list[str]:
     if spec.model_volume is not None:
         problems += _volume_problems(spec.model_volume.get("volume") or {})
     problems += model_source.problems(spec.model) + source_problems(spec)
-    problems += kv_parts.problems(spec)
+    problems += kv_parts.problems(spec) + autoscaling_problems(spec)
     return problems + template_problems(name, spec) + vllm_version.problems(spec)
+
+
+def autoscaling_problems(spec: EngineSpec) -> list[str]:
+    """What the schema cannot say about spec.autoscaling on a 1.20 server (no CEL): min <= max.
+    Exactly one target is the schema's oneOf; checked here too for a body it did not see."""
+    a = spec.autoscaling
+    if a is None:
+        return []
+    out = []
+    if a.max_replicas < max(a.min_replicas, 1):
+        out.append(f"spec.autoscaling.maxReplicas ({a.max_replicas}) must be >= "
+                   f"spec.autoscaling.minReplicas ({a.min_replicas}) and >= 1")
+    if len(a.targets_given) != 1:
+        out.append("spec.autoscaling must set exactly one target of requestsPerGroup, "
+                   f"kvCacheUsage, ttftP90Seconds; found {list(a.targets_given) or 'none'}")
+    elif a.target <= 0:
+        out.append(f"spec.autoscaling.{a.metric} must be > 0 (is {a.target:g})")
+    return out
 
 
 # Fields that only an hf:// model uses, and what they are for.
