@@ -40,14 +40,16 @@ def test_gateway_is_on_by_default_in_the_release_namespace(helm_template):
     assert not errors, "\n".join(errors)
 
 
-def test_gateway_may_only_read_configmaps_where_it_serves(helm_template):
+def test_gateway_may_only_read_configmaps_and_patch_leases_where_it_serves(helm_template):
     objs = helm_template("--set", "gateway.namespaces={team-a,team-b}")
     sa = the(objs, "ServiceAccount", "gateway")
     roles = by_kind(objs, "Role", "gateway")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                                  "verbs": ["get", "list", "watch"]}]
+                                  "verbs": ["get", "list", "watch"]},
+                                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                  "verbs": ["patch"]}]  # the wake Leases (scale from zero)
     for b in by_kind(objs, "RoleBinding", "gateway"):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                   "namespace": "shoal-system"}]

@@ -9,6 +9,12 @@ The operator keeps it in ConfigMap `NAME-engines` under key `KEY`, mounted into 
 
 Only groups whose every rank is Ready and that are not draining are listed. `encode` and
 `decode` are the only writer and reader of the format.
+
+`"wakeable": true` (appended; absent means false) says the engine may have no group on purpose
+(spec.autoscaling.minReplicas 0): a router then holds a request that finds no group, for a
+while, and asks for a group by renewing the Lease `wake_lease_name(NAME)` (its
+spec.renewTime: the request's time), which the operator creates with the engine, lets the
+engine's frontends patch, and watches.
 """
 
 from __future__ import annotations
@@ -27,11 +33,31 @@ def configmap_name(engine: str) -> str:
     return f"{engine}-engines"
 
 
-def encode(model: str | None, groups: dict[int, str]) -> str:
+def wake_lease_name(engine: str) -> str:
+    """The Lease a router renews to wake InferenceEngine `engine` from zero groups."""
+    return f"{engine}-wake"
+
+
+def engine_of_configmap(name: str) -> str:
+    """The InferenceEngine whose discovery ConfigMap is `name` (configmap_name's inverse)."""
+    return name.removesuffix("-engines")
+
+
+def encode(model: str | None, groups: dict[int, str], wakeable: bool = False) -> str:
     """The document for `groups` (group index -> rank 0's base URL) serving `model`."""
-    return json.dumps({"model": model,
-                       "groups": [{"group": g, "url": groups[g]} for g in sorted(groups)]},
-                      sort_keys=True)
+    doc = {"model": model, "groups": [{"group": g, "url": groups[g]} for g in sorted(groups)]}
+    if wakeable:
+        doc["wakeable"] = True
+    return json.dumps(doc, sort_keys=True)
+
+
+def decode_wakeable(text: str) -> bool:
+    """The document's `wakeable` (False when absent or the document is not an object)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and data.get("wakeable") is True
 
 
 def decode(text: str) -> tuple[str | None, dict[int, str]]:

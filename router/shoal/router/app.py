@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,14 +19,15 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from shoal.contract import __version__
+from shoal.contract import __version__, discovery
 from shoal.contract.auth import KeyCheck
 from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING, KV_AWARE
-from shoal.router import k8s_discovery
+from shoal.router import k8s_discovery, k8s_wake
 from shoal.router.affinity import make_affinity, request_keys
 from shoal.router.discovery import Discovery, DiscoveryWatcher
 from shoal.router.errors import error_response, no_group_message
 from shoal.router.health import HealthProber
+from shoal.router.hold import READY, Holder, not_woken
 from shoal.router.metrics import RouterMetrics
 from shoal.router.picker import GroupPicker
 from shoal.router.proxy import UPSTREAM_TIMEOUT, Proxy
@@ -64,12 +66,19 @@ class Router:
         self.client = httpx.AsyncClient(
             timeout=UPSTREAM_TIMEOUT,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
+        # Scale from zero (hold.py): while discovery says `wakeable`, a request that finds no
+        # group waits for one, and the engine's wake Lease is renewed (in a pod the operator
+        # set up; elsewhere nobody is asked).
+        self.engine = discovery.engine_of_configmap(os.environ.get(discovery.CONFIGMAP_ENV, ""))
+        self.wakeable = False
+        self.holder = Holder.from_environment(k8s_wake.from_environment())
         self.proxy = Proxy(self.picker, self.metrics, self.client)
         self.prober = HealthProber(self.picker, self.client, probe_interval)
         # In a pod the operator set up: the ConfigMap from the API (seconds, not a kubelet sync).
         self.api_source = k8s_discovery.from_environment(self.watcher)
 
     def _on_discovery(self, found: Discovery) -> None:
+        self.wakeable = found.wakeable
         self.picker.set_groups(found.groups)
         if self.kv is not None:
             self.kv.set_groups(found.groups)
@@ -85,6 +94,7 @@ class Router:
         self.metrics.listed.set(len(self.picker.states))
         self.metrics.usable.set(len(self.picker.usable()))
         self.metrics.discovery_valid.set(0 if self.watcher.problem else 1)
+        self.metrics.holding.set(sum(self.holder.held.values()))
         if self.kv is not None:
             self.metrics.observe_kv(self.kv.index, time.monotonic())
 
@@ -198,6 +208,11 @@ def common_app(title: str, lifespan, api_keys: list[str], surface: Surface) -> F
 
 def build_app(router: Router) -> FastAPI:
     async def forward(request: Request, path: str, body: bytes) -> Response:
+        if router.wakeable and not router.picker.any_usable():  # scaled to zero: wait
+            outcome = await router.holder.wait(router.engine, router.picker.any_usable)
+            router.metrics.held.labels(outcome).inc()
+            if outcome != READY:
+                return not_woken(router.holder, router.engine, outcome)
         keys = (await router.kv.aware.keys_of(body) if router.kv is not None
                 else request_keys(router.affinity, body))
         return await router.proxy.forward(request, path, body, prefix=keys)
@@ -209,7 +224,10 @@ def build_app(router: Router) -> FastAPI:
     surface = Surface(
         forward=forward,
         models=lambda: [(name, router.default_model or name) for name in router.model_names()],
-        unready=lambda: None if router.picker.usable() else router.unready_reason(),
+        # Ready while it can hold requests for an engine scaled to zero: the Service must keep
+        # sending them here, or nobody would ask for a group.
+        unready=lambda: (None if router.picker.usable() or router.wakeable
+                         else router.unready_reason()),
         metrics=metrics)
     app = common_app("shoal router", router.lifespan, router.api_keys, surface)
     app.state.router = router

@@ -53,12 +53,14 @@ class Group:
 class Discovery:
     groups: tuple[Group, ...]
     model: str | None
+    wakeable: bool = False  # no group may be on purpose: hold requests and wake it (hold.py)
 
 
 def parse_discovery(text: str) -> Discovery:
     """Validate the document (shoal.contract.discovery); ValueError says what is wrong."""
     model, groups = discovery.decode(text)
-    return Discovery(tuple(Group(gid, url) for gid, url in sorted(groups.items())), model)
+    return Discovery(tuple(Group(gid, url) for gid, url in sorted(groups.items())), model,
+                     discovery.decode_wakeable(text))
 
 
 async def poll(check: Callable[[], object], interval: float, what: str) -> None:

@@ -2,7 +2,8 @@
 
 Each engine ("NAMESPACE/NAME") has one discovery document, the same `engines.json` the operator
 writes for that engine's own frontend (render.discovery_data): its served model name and its
-ready groups. An engine with no ready group serves nothing yet, so its model is not listed.
+ready groups. An engine with no ready group serves nothing yet, so its model is not listed,
+unless it was scaled to zero on purpose (`wakeable`): then a request waits for it (hold.py).
 Engines that serve the same model name share its traffic: the model's groups are all of theirs.
 
 Pure bookkeeping: sources (fleet_sources.py) call `update` / `remove`; every change hands the
@@ -26,7 +27,8 @@ class Fleet:
 
     def update(self, engine: str, found: Discovery) -> None:
         """`engine`'s discovery document is now `found` (its groups are tagged with it)."""
-        tagged = Discovery(tuple(g.with_engine(engine) for g in found.groups), found.model)
+        tagged = Discovery(tuple(g.with_engine(engine) for g in found.groups), found.model,
+                           found.wakeable)
         if self.engines.get(engine) == tagged:
             return
         self.engines[engine] = tagged
@@ -45,12 +47,21 @@ class Fleet:
     # ----- routing ----------------------------------------------------------------------
 
     def models(self) -> dict[str, list[str]]:
-        """Served model name -> the engines serving it, for engines with a ready group."""
+        """Served model name -> the engines serving it: those with a ready group, and those
+        scaled to zero that a request wakes (discovery's `wakeable`)."""
         out: dict[str, list[str]] = {}
         for engine, found in sorted(self.engines.items()):
-            if found.model and found.groups:
+            if found.model and (found.groups or found.wakeable):
                 out.setdefault(found.model, []).append(engine)
         return out
+
+    def to_wake(self, model: str) -> str | None:
+        """The engine to wake for `model` when none of its engines has a group: the first
+        wakeable one ("NAMESPACE/NAME"); None when a group exists or none is wakeable."""
+        serving = [(e, d) for e, d in sorted(self.engines.items()) if d.model == model]
+        if any(d.groups for _, d in serving):
+            return None
+        return next((e for e, d in serving if d.wakeable), None)
 
     def groups_of(self, model: str) -> set[tuple[str, int]]:
         """The picker keys of every group serving `model` (empty if none)."""

@@ -37,6 +37,8 @@ from shoal.router.errors import error_response
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
 from shoal.router.health import PROBE_INTERVAL_S, HealthProber
+from shoal.router.hold import READY, Holder, not_woken
+from shoal.router.k8s_wake import POD_ENV, LeaseWaker
 from shoal.router.main import (
     COOLDOWN_ENV,
     POLL_ENV,
@@ -76,10 +78,15 @@ class Gateway:
         self.directory = (DirectorySource(discovery_dir, self.fleet, poll_interval)
                           if discovery_dir else None)
         self.api = None
+        waker = None
         if kube and namespaces:
             server, token_file, ca_file = kube
             self.api = ConfigMapsSource(server, namespaces, self.fleet, token_file=token_file,
                                         ca_file=ca_file)
+            waker = LeaseWaker(server, namespaces[0], os.environ.get(POD_ENV) or "shoal-gateway",
+                               token_file=token_file, ca_file=ca_file)
+        # Scale from zero (hold.py): requests for a wakeable engine with no group wait here.
+        self.holder = Holder.from_environment(waker)
 
     def _on_groups(self, groups) -> None:
         self.picker.set_groups(groups)
@@ -133,6 +140,12 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
                                   "BadRequestError")
         if model not in models:
             return _unknown_model(model, models)
+        if (engine := gw.fleet.to_wake(model)) is not None:  # scaled to zero: wait for it
+            outcome = await gw.holder.wait(
+                engine, lambda: gw.picker.any_usable(only=gw.fleet.groups_of(model)))
+            gw.metrics.held.labels(outcome).inc()
+            if outcome != READY:
+                return not_woken(gw.holder, engine, outcome)
         keys = (await gw.kv.aware.keys_of(body) if gw.kv is not None
                 else request_keys(gw.affinity, body))
         return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
@@ -143,6 +156,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         gw.metrics.listed.set(len(gw.picker.states))
         gw.metrics.usable.set(len(gw.picker.usable()))
         gw.metrics.discovery_valid.set(0 if gw.not_ready() else 1)
+        gw.metrics.holding.set(sum(gw.holder.held.values()))
         if gw.kv is not None:
             gw.metrics.observe_kv(gw.kv.index, time.monotonic())
         urls = sorted({s.group.url for s in gw.picker.states.values()})

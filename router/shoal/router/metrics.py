@@ -50,6 +50,12 @@ class RouterMetrics:
         self.kv_unrepaired = Gauge("shoal_router_kv_unrepaired_gaps",
                                    "Gaps the replay could not cover since start (the group's "
                                    "entries were cleared).", registry=r)
+        self.held = Counter("shoal_router_held_requests_total",
+                            "Requests that found no group of an engine scaled to zero and "
+                            "waited for one, by outcome (ready, timeout: 503, full: 429).",
+                            ["outcome"], registry=r)
+        self.holding = Gauge("shoal_router_holding_requests",
+                             "Requests waiting now for an engine scaled to zero.", registry=r)
         self.kv_snapshots = Gauge("shoal_router_kv_snapshots",
                                   "Gaps the replay answered with the engine's whole cache (a "
                                   "snapshot) since start.", registry=r)

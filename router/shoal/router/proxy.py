@@ -12,7 +12,8 @@ is committed: the stream is passed through chunk by chunk, and a failure mid-way
 in-band SSE error event (502) naming the engine and group. Without another usable group the
 engine's own answer is passed on (a broken one becomes a 502). 4xx answers (the group validates
 prompts and model names) pass through unchanged. A client that goes away closes the upstream
-connection, so the group aborts the request.
+connection, so the group aborts the request. A request for an engine scaled to zero waits
+for its first group before it gets here (hold.py).
 """
 
 from __future__ import annotations
