@@ -54,6 +54,10 @@ cluster-scoped rules always need the ClusterRole.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch"]
+# spec.autoscaling: an HPA aimed at an autoscaled InferenceEngine is reported in a condition.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 {{- end -}}
 
 {{- define "shoal.rules.cluster" -}}

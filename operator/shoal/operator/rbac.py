@@ -51,6 +51,13 @@ RULES: list[dict] = [
         "resources": ["poddisruptionbudgets"],
         "verbs": ["get", "create", "patch"],
     },
+    # spec.autoscaling: an HPA aimed at an autoscaled InferenceEngine is reported in its
+    # Autoscaling condition (autoscale_hpa.py lists them, at most once a minute per namespace).
+    {
+        "apiGroups": ["autoscaling"],
+        "resources": ["horizontalpodautoscalers"],
+        "verbs": ["list"],
+    },
     # kopf follows CRDs so that a CRD installed after the operator started is still served
     # (cluster-scoped: needs a ClusterRole even for a namespaced operator).
     {
