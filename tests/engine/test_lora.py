@@ -235,3 +235,22 @@ def test_tensor_parallel_with_lora_is_refused(tiny_model):
 
     with pytest.raises(ConfigError, match="--enable-lora with --tensor-parallel-size 2"):
         EngineConfig(model=tiny_model, tensor_parallel_size=2, lora_config=LoRAConfig())
+
+
+def test_lora_requests_info_is_vllms_gauge():
+    """Its three labels (adapter names comma-joined), the time of the last step as its value,
+    one series: the current one."""
+    from shoal.engine.frontend.metrics import FrontendMetrics
+
+    m = FrontendMetrics("tiny", max_loras=4)
+    m.record_step(wire.SchedulerStats(running_lora_adapters={"a": 2, "b": 1},
+                                      waiting_lora_adapters={"c": 1}), 0.0)
+    m.record_step(wire.SchedulerStats(running_lora_adapters={"a": 1},
+                                      waiting_lora_adapters={}), 1.0)
+    lines = [x for x in m.render().decode().splitlines()
+             if x.startswith("vllm:lora_requests_info{")]
+    assert len(lines) == 1
+    assert lines[0].startswith('vllm:lora_requests_info{max_lora="4",'
+                               'running_lora_adapters="a",waiting_lora_adapters=""}')
+    assert float(lines[0].rsplit(" ", 1)[1]) > 1.7e9
+    assert "lora_requests_info" not in FrontendMetrics("tiny").render().decode()

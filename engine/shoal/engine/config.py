@@ -152,6 +152,8 @@ class EngineConfig:
             object.__setattr__(self, "max_model_len", model_len)
         object.__setattr__(self, "kv_events_config",
                            parse_kv_events_config(self.kv_events_config))
+        if isinstance(self.lora_config, dict):  # from the engine process's JSON spec
+            object.__setattr__(self, "lora_config", LoRAConfig(**self.lora_config))
         if self.kv_cache_memory_bytes is None:  # on CUDA (or auto) only Shoal's own variable
             object.__setattr__(self, "kv_cache_memory_bytes", cpu_kv_cache_bytes()
                                if self.device == "cpu" else _kv_bytes_from_env(on_cpu=False))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from shoal.engine import __version__
-from shoal.engine.entrypoints import http_metrics
+from shoal.engine.entrypoints import http_metrics, serving_lora
 from shoal.engine.entrypoints.api_key import ApiKeyAuth
 from shoal.engine.entrypoints.http_errors import (
     add_error_schema,
@@ -30,6 +30,7 @@ from shoal.engine.entrypoints.serving_invocations import invocations_router
 from shoal.engine.entrypoints.tool_calls import ToolSettings
 from shoal.engine.errors import EngineDeadError, RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
+from shoal.engine.lora.config import LoRARegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -75,11 +76,13 @@ class RequestIdHeader:
 def build_app(llm: AsyncLLM, *, served_model_names: list[str],
               api_keys: list[str] | None = None, tool_settings: ToolSettings | None = None,
               sampling_defaults: dict | None = None, http: HttpSettings | None = None,
-              output: OutputSettings | None = None) -> FastAPI:
+              output: OutputSettings | None = None,
+              loras: LoRARegistry | None = None) -> FastAPI:
     """`api_keys`: the keys /v1 accepts (none: no authentication); `sampling_defaults`: the
     model's generation_config sampling values (generation_config.py), below a request's own;
     `http`: CORS and request-id headers (outermost, so a preflight needs no key); `output`:
-    vLLM's flags on the shape of answers."""
+    vLLM's flags on the shape of answers; `loras`: --enable-lora's adapters by name (the
+    runtime load/unload endpoints with VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     app = FastAPI(title="shoal", version=__version__, docs_url=None, redoc_url=None)
     app.state.llm = llm
 
@@ -109,10 +112,13 @@ def build_app(llm: AsyncLLM, *, served_model_names: list[str],
         app.add_middleware(RequestIdHeader)
 
     serving = Serving(llm, served_model_names, dict(sampling_defaults or {}),
-                      output=output or OutputSettings(), http_metrics=http_metrics.instrument(app))
+                      output=output or OutputSettings(), http_metrics=http_metrics.instrument(app),
+                      loras=loras)
     for router in (completions_router(serving), chat_router(serving, tool_settings),
                    admin_router(serving), invocations_router(serving)):
         app.include_router(router)
+    if serving_lora.runtime_updates_allowed():
+        app.include_router(serving_lora.lora_router(serving))
     _document_errors(app)
     return app
 

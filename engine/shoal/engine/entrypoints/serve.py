@@ -210,6 +210,7 @@ def _engine_config(args):
     seats, tokens = serving_batch_defaults(args.device, args.tensor_parallel_size,
                                            args.performance_mode)
     try:
+        lora_config = _lora_config(args)
         config = EngineConfig(
             model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
             max_model_len=args.max_model_len,
@@ -224,7 +225,8 @@ def _engine_config(args):
             num_threads=args.num_threads, max_logprobs=args.max_logprobs,
             tensor_parallel_size=args.tensor_parallel_size,
             nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-            master_port=args.master_port, kv_events_config=args.kv_events_config)
+            master_port=args.master_port, kv_events_config=args.kv_events_config,
+            lora_config=lora_config)
     except ValueError as exc:  # errors.ConfigError: known at start-up, permanent
         from shoal.contract.termination import Cause
         from shoal.engine.errors import ModelNotFoundError
@@ -239,6 +241,20 @@ def _engine_config(args):
         config = dataclasses.replace(config,
                                      num_threads=engine_threads(len(config.local_ranks())))
     return config
+
+
+def _lora_config(args):
+    """--enable-lora's LoRAConfig (None without it) and --lora-modules parsed into
+    args.lora_module_list; ConfigError naming the flag."""
+    from shoal.engine.errors import ConfigError
+    from shoal.engine.lora.config import LoRAConfig, parse_lora_module
+
+    args.lora_module_list = [parse_lora_module(m) for m in args.lora_modules or ()]
+    if not args.enable_lora:
+        if args.lora_module_list:
+            raise ConfigError("--lora-modules needs --enable-lora")
+        return None
+    return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
 
 
 def _startup_signal(signum, frame):
@@ -365,17 +381,20 @@ async def _serve(llm, args, names: list[str], started: float, defaults: dict) ->
     from shoal.contract.auth import api_keys
     from shoal.engine.entrypoints.api_server import HttpSettings, build_app
     from shoal.engine.entrypoints.serving import OutputSettings
+    from shoal.engine.entrypoints.serving_lora import load_static_adapters
     from shoal.engine.entrypoints.tool_calls import ToolSettings
     from shoal.engine.errors import ConfigError
+    from shoal.engine.lora.config import LoRARegistry
 
     keys = api_keys(args.api_key, os.environ)
     logger.info("API key: %s", f"{len(keys)} accepted on /v1" if keys else "none (open)")
     tools = ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser,
                          args.reasoning_parser)
+    loras = LoRARegistry() if args.enable_lora else None
     try:
         app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
                         tool_settings=tools, http=HttpSettings.from_args(args),
-                        output=OutputSettings.from_args(args))
+                        output=OutputSettings.from_args(args), loras=loras)
     except ConfigError as exc:  # a flag the model cannot take (e.g. a reasoning parser's tags)
         llm.shutdown()
         return _config_error(str(exc))
@@ -383,6 +402,12 @@ async def _serve(llm, args, names: list[str], started: float, defaults: dict) ->
     server = _http_server(app, llm, args, state)
     _watch_engine(llm, server, state)
     llm.start()
+    if args.lora_module_list:  # each read and checked in the engine before the server answers
+        try:
+            await load_static_adapters(llm, loras, args.lora_module_list)
+        except ValueError as exc:
+            await asyncio.to_thread(llm.shutdown)
+            return _config_error(str(exc))
     announcer = asyncio.get_running_loop().create_task(_announce(server, args, names, started))
     try:
         await server.serve()

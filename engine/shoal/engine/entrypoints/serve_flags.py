@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _hub_flags(p.add_argument_group("Hugging Face hub ids (docs/serving.md, \"Models from the "
                                     "hub\")"))
     _kv_flags(eng)
+    _lora_flags(p.add_argument_group("LoRA adapters (docs/engine.md, \"LoRA adapters\")"))
     _parallel_flags(p.add_argument_group(
         "parallelism (docs/serving.md, \"More than one rank\")"))
     p.add_argument("--engine-host", default=None,
@@ -220,6 +221,20 @@ def _kv_flags(eng) -> None:
     eng.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                      default=None, help="always on: prompts longer than "
                                         "--max-num-batched-tokens are chunked")
+
+
+def _lora_flags(lora) -> None:
+    lora.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
+                      help="serve PEFT LoRA adapters (a request's `model` names one)")
+    lora.add_argument("--lora-modules", nargs="+", default=None,
+                      help="adapters served from start-up: name=path, or JSON "
+                           "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="adapters on the device at once (one step runs at most this many)")
+    lora.add_argument("--max-lora-rank", type=int, default=16,
+                      help="the largest adapter rank accepted")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept in host memory (default: --max-loras)")
 
 
 def _parallel_flags(par) -> None:

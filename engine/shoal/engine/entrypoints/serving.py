@@ -23,7 +23,8 @@ from shoal.engine.errors import RequestError
 from shoal.engine.frontend.async_llm import AsyncLLM
 from shoal.engine.frontend.logprobs import PositionLogprobs
 from shoal.engine.frontend.output_processor import RequestOutput
-from shoal.engine.wire import SamplingParams
+from shoal.engine.lora.config import LoRARegistry
+from shoal.engine.wire import LoRARequest, SamplingParams
 
 logger = logging.getLogger("shoal.engine.api")
 _json = msgspec.json.Encoder()
@@ -170,6 +171,8 @@ class Serving:
     output: OutputSettings = field(default_factory=OutputSettings)
     # vLLM's HTTP request metrics (http_metrics.py): rendered by /metrics after the engine's.
     http_metrics: CollectorRegistry | None = None
+    # --enable-lora: the adapters served by name (lora/config.py); None without LoRA.
+    loras: LoRARegistry | None = None
 
     def prompt_details(self, request: Request) -> bool:
         """Whether usage carries prompt_tokens_details: the flag, or an endpoint that always
@@ -187,10 +190,22 @@ class Serving:
     def model_name(self) -> str:
         return self.served_model_names[0]
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.served_model_names:
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The request's `model`: a served name (None: the base model) or, with --enable-lora,
+        an adapter's name (its LoRARequest); anything else is OpenAI's 404 naming what is
+        served."""
+        if name is None or name in self.served_model_names:
+            return None
+        lora = self.loras.get(name) if self.loras is not None else None
+        if lora is None:
+            served = self.served_model_names + (list(self.loras.adapters) if self.loras else [])
             raise RequestError(f"The model `{name}` does not exist. Served models: "
-                               f"{self.served_model_names}.", 404)
+                               f"{served}.", 404)
+        return lora
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The `model` an answer names: the adapter's name for an adapter request (vLLM's)."""
+        return self.model_name if lora is None else lora.lora_name
 
     def ensure_available(self) -> None:
         self.llm._check_available()
@@ -218,8 +233,10 @@ class Serving:
         return body.truncated(ids, self.llm.input_processor.max_model_len)
 
     def start_choices(self, prompts: list[list[int]], params: SamplingParams, n: int,
-                      request_id: str, priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
-        """One engine request per (prompt, choice); seeds step by choice, as vLLM's do."""
+                      request_id: str, priority: int = 0,
+                      lora: LoRARequest | None = None) -> list[AsyncIterator[RequestOutput]]:
+        """One engine request per (prompt, choice); seeds step by choice, as vLLM's do.
+        `lora`: the adapter every choice runs with (None: the base model)."""
         per_choice = []
         for ids in prompts:
             for j in range(n):
@@ -231,7 +248,7 @@ class Serving:
                 per_choice.append((ids, p))
         for _ in prompts:  # vLLM's request_params_n: once per prompt (its parent request)
             self.llm.metrics.record_params_n(n)
-        return [self.llm.generate(ids, p, f"{request_id}-{i}", priority)
+        return [self.llm.generate(ids, p, f"{request_id}-{i}", priority, lora)
                 for i, (ids, p) in enumerate(per_choice)]
 
     async def respond(self, request: Request, gens, n_prompt: list[int], head: dict,

@@ -42,10 +42,15 @@ def admin_router(s: Serving) -> APIRouter:
     @router.get("/v1/models", responses=error_responses(401))
     async def models():
         created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "shoal",
-             "root": llm.config.model, "parent": None, "max_model_len": llm.max_model_len}
-            for name in s.served_model_names]}
+        cards = [{"id": name, "object": "model", "created": created, "owned_by": "shoal",
+                  "root": llm.config.model, "parent": None, "max_model_len": llm.max_model_len}
+                 for name in s.served_model_names]
+        for lora in (s.loras.adapters.values() if s.loras is not None else ()):  # vLLM's cards
+            cards.append({"id": lora.lora_name, "object": "model", "created": created,
+                          "owned_by": "shoal", "root": lora.lora_path,
+                          "parent": lora.base_model_name or s.model_name,
+                          "max_model_len": None})
+        return {"object": "list", "data": cards}
 
     @router.get("/health", response_class=PlainTextResponse, responses={
         200: {"description": "Healthy: an empty text/plain body."}, **error_responses(503)})

@@ -58,7 +58,7 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
 
     @router.post("/v1/chat/completions", responses=error_responses(*GENERATION_ERRORS))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        s.check_model(body.model)
+        lora = s.check_model(body.model)
         body.check_supported()
         plan = plan_tools(body, settings)
         s.ensure_available()
@@ -70,10 +70,11 @@ def chat_router(s: Serving, tool_settings: ToolSettings | None = None) -> APIRou
         think = _Thinking(reasoner, reasoner is not None and reasoner.thinks(kwargs))
         think.check(params)
         request_id = s.request_id(request, body, "chatcmpl-")
-        gens = s.start_choices([prompt], params, body.n, request_id, s.priority(request, body))
+        gens = s.start_choices([prompt], params, body.n, request_id, s.priority(request, body),
+                               lora)
         n_prompt = [len(prompt)] * body.n
         head = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-                "model": s.model_name}
+                "model": s.response_model(lora)}
         if plan is not None and plan.mode != "none":
             if body.stream:
                 return StreamingResponse(

@@ -20,17 +20,18 @@ def completions_router(s: Serving) -> APIRouter:
 
     @router.post("/v1/completions", responses=error_responses(*GENERATION_ERRORS))
     async def completions(body: CompletionRequest, request: Request):
-        s.check_model(body.model)
+        lora = s.check_model(body.model)
         body.check_supported()
         s.ensure_available()
         job = _CompletionJob.start(s, body)
+        job.model_name = s.response_model(lora)
         job.request_id = s.request_id(request, body, "cmpl-")
         job.as_ids = s.tokens_as_ids(body)
         params = body.sampling_params(default_max_tokens=16,
                                       max_logprobs=s.llm.config.max_logprobs,
                                       defaults=s.sampling_defaults)
         gens = s.start_choices(job.prompts, params, body.n, job.request_id,
-                               s.priority(request, body))
+                               s.priority(request, body), lora)
         n_prompt = [len(p) for p in job.prompts for _ in range(body.n)]
         if body.stream:
             job.echoed, job.offset = [False] * len(gens), [0] * len(gens)

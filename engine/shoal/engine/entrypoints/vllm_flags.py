@@ -72,8 +72,7 @@ NO_ENDPOINT = "enables an endpoint or service shoal does not serve (those paths 
 DP = ("data parallelism: the operator runs replicas as separate pods; one `shoal serve` is "
       "one replica")
 DP_ONLY = "only with --data-parallel-size > 1, which is refused"
-LORA = "LoRA adapters are not implemented"
-LORA_ONLY = "only with --enable-lora, which is refused"
+LORA_ONLY = "a LoRA setting shoal has no counterpart for; it cannot change an answer"
 SPEC = "speculative decoding is not implemented"
 QUANT = "quantized weights are not implemented (bfloat16, float16 and float32 only)"
 CP = "context parallelism is not implemented; shoal splits a model with --tensor-parallel-size"
@@ -289,13 +288,25 @@ FLAGS: tuple[Flag, ...] = tuple(
                 "an inproc:// or tcp://*:0 endpoint refused (docs/engine.md, \"KV cache "
                 "events\")", "--kv-events-config")
     # ---- LoRA and speculative decoding
-    + _refused(LORA, "--enable-lora:bool", "--lora-modules:values")
-    + _no_effect(LORA_ONLY, "--max-loras", "--max-lora-rank", "--lora-dtype",
-                 "--enable-tower-connector-lora:bool", "--max-cpu-loras",
-                 "--fully-sharded-loras:bool",
-                 "--lora-target-modules:values", "--default-mm-loras",
-                 "--specialize-active-lora:bool",
+    + _honoured("as vLLM: PEFT adapters on the attention and MLP projections, several adapters "
+                "and the base in one batch (docs/engine.md, \"LoRA adapters\"); with "
+                "--tensor-parallel-size > 1 refused (A and B are not sharded)",
+                "--enable-lora:bool")
+    + _honoured("as vLLM: name=path or JSON {\"name\", \"path\", \"base_model_name\"}; each is "
+                "read and checked at start-up (a failure exits 2 naming it)",
+                "--lora-modules:values")
+    + _honoured("as vLLM: device slots (default 1), the largest rank (default 16), host copies "
+                "(default --max-loras)", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
+    + _no_effect(TEXT_ONLY, "--enable-tower-connector-lora:bool", "--default-mm-loras")
+    + _no_effect("sharding of LoRA weights under tensor parallelism, which --enable-lora "
+                 "refuses", "--fully-sharded-loras:bool")
+    + _no_effect(EAGER, "--specialize-active-lora:bool")
+    + _no_effect("classification heads: shoal serves text generation only",
                  "--max-lora-cls-labels")
+    + _refused("the LoRA update is computed in float32 (PEFT's autocast_adapter_dtype); another "
+               "dtype is not implemented", "--lora-dtype=auto")
+    + _refused("LoRA applies to every module an adapter names (q/k/v/o, gate/up/down); a "
+               "server-side restriction is not implemented", "--lora-target-modules:values")
     + _refused(SPEC, "--speculative-config|-sc", "--spec-method", "--spec-model", "--spec-tokens")
     # ---- scheduling
     + _honoured("as vLLM", "--max-num-seqs", "--max-num-batched-tokens")

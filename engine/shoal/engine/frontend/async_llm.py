@@ -91,8 +91,10 @@ class AsyncLLM:
             vocab_size=ready.vocab_size or len(self.tokenizer),
             extra_eos_token_ids=_extra_eos_ids(config.model),
             scheduling_policy=scheduling_policy)
-        self.metrics = FrontendMetrics(self.model_name, max_model_len=ready.max_model_len,
-                                       cache_info=_cache_info(config, ready))
+        self.metrics = FrontendMetrics(
+            self.model_name, max_model_len=ready.max_model_len,
+            cache_info=_cache_info(config, ready),
+            max_loras=None if config.lora_config is None else config.lora_config.max_loras)
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self.draining = False
         self.dead_error: EngineDeadError | None = None
@@ -132,7 +134,8 @@ class AsyncLLM:
                                          "requests; retry on another replica")
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0,
+                       lora_request=None) -> AsyncIterator[RequestOutput]:
         """Deltas until the request finishes. Raises InvalidRequestError (400) before anything
         is sent, RequestRejectedError, EngineUnavailableError (503) or EngineDeadError (500).
         `priority`: vLLM's (lower first, under --scheduling-policy priority)."""
@@ -140,7 +143,8 @@ class AsyncLLM:
         if params.n != 1:
             raise InvalidRequestError("AsyncLLM.generate takes n=1; fan out n>1 above it.")
         engine_id = self.input_processor.engine_request_id(request_id)
-        request = self.input_processor.process(engine_id, prompt_token_ids, params, priority)
+        request = self.input_processor.process(engine_id, prompt_token_ids, params, priority,
+                                               lora_request)
         collector = self.output_processor.add_request(
             engine_id, request_id, len(prompt_token_ids), params)
         finished = False

@@ -46,7 +46,7 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 class FrontendMetrics:
     def __init__(self, model_name: str, engine: str = "0", max_model_len: int = 10000,
-                 cache_info: dict | None = None) -> None:
+                 cache_info: dict | None = None, max_loras: int | None = None) -> None:
         """`max_model_len` caps the token histograms' buckets (vLLM's 1-2-5 series);
         `cache_info`: the KV cache's facts for vllm:cache_config_info (block_size,
         num_gpu_blocks, ...), the gauge llm-d's scheduler reads KV capacity from."""
@@ -120,6 +120,12 @@ class FrontendMetrics:
             info = {k: str(v) for k, v in cache_info.items()} | {"engine": engine}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                   list(info), registry=r).labels(**info).set(1)
+        # --enable-lora: vLLM's vllm:lora_requests_info (its three labels only; the value is
+        # the time of the last update). One series: the current adapters, the old one dropped.
+        self.max_loras = max_loras
+        self.lora_info = None if max_loras is None else Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r)
         self.engine_alive.set(1)
         self._last_step_time: float | None = None
 
@@ -138,6 +144,12 @@ class FrontendMetrics:
         if stats.prefix_cache_hits:
             self.prefix_hits.inc(stats.prefix_cache_hits)
             self.gpu_prefix_hits.inc(stats.prefix_cache_hits)
+        if self.lora_info is not None and stats.running_lora_adapters is not None:
+            self.lora_info.clear()
+            self.lora_info.labels(
+                max_lora=str(self.max_loras),
+                waiting_lora_adapters=",".join(stats.waiting_lora_adapters or {}),
+                running_lora_adapters=",".join(stats.running_lora_adapters)).set_to_current_time()
         self._last_step_time = now
 
     def record_iteration(self, prompt_tokens: int, generation_tokens: int) -> None:
