@@ -82,7 +82,7 @@ def _check(*argv: str):
     (["--no-enable-lora", "-dp", "1", "--scheduling-policy", "fcfs", "--load-format", "auto"],
      None),
     (["-q", "awq"], "--quantization awq"),
-    (["--enable-lora"], "--enable-lora"),
+    (["--lora-dtype", "float16"], "--lora-dtype float16"),
     (["--data-parallel-size", "2"], "--data-parallel-size 2"),
     (["--speculative-config", "{}"], "--speculative-config {}"),
     (["--kv-offloading-size", "4"], "--kv-offloading-size 4"),
@@ -247,7 +247,7 @@ def test_tls_flags_serve_https(tiny_model, tmp_path):
 @pytest.mark.parametrize("argv,named", [
     (["--quantization", "awq"], "--quantization awq is not supported: "),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8 is not supported: "),
-    (["--enable-lora"], "--enable-lora is not supported: "),
+    (["--lora-dtype", "float16"], "--lora-dtype float16 is not supported: "),
     (["--trust-remote-code"], "--trust-remote-code: this model's config.json names remote code"),
 ])
 def test_refused_flags_exit_2_naming_the_flag(tiny_model, tmp_path, argv, named):

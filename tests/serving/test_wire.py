@@ -53,9 +53,10 @@ def test_request_type_tags_are_single_bytes_and_stable():
 # The decode batch of two requests (handles 1 and 2, tokens 100 and 7000) with scheduler stats
 # and a fixed timestamp. If this changes, the wire ABI changed: bump PROTOCOL_VERSION and say why.
 # msgspec writes trailing defaults of array-like structs, so an APPENDED field shows up here too
-# (both sides still decode the other's bytes); SchedulerStats is 8 fields (first_scheduled: c0).
+# (both sides still decode the other's bytes); SchedulerStats is 10 fields (first_scheduled and
+# the two appended LoRA fields: c0 each).
 DECODE_BATCH_VECTOR = bytes.fromhex(
-    "9c000202c40401000200c4046400581b9090980200cb3fe000000000000000000009c0"
+    "9c000202c40401000200c4046400581b90909a0200cb3fe000000000000000000009c0c0c0"
     "cb405ee00000000000c0c0c0")
 
 
@@ -121,11 +122,12 @@ def test_per_output_request_vector_is_stable():
 
 def test_engine_core_request_appends_priority_and_keeps_the_older_layout():
     # [request_id, prompt_token_ids, sampling_params, arrival_time, eos_token_id, wire_handle,
-    # priority]: priority (vLLM's) was appended last (0x96 -> 0x97), the rest keeps its bytes.
+    # priority, lora]: priority (vLLM's) was appended (0x96 -> 0x97), then the LoRA request
+    # (0x98, None: c0); the rest keeps its bytes.
     sp = wire.SamplingParams()
     req = wire.EngineCoreRequest("r", [7], sp, 2.0, eos_token_id=1, wire_handle=3, priority=4)
     sp_hex = msgspec.msgpack.encode(sp).hex()
-    assert msgspec.msgpack.encode(req).hex() == f"97a1729107{sp_hex}cb4000000000000000010304"
+    assert msgspec.msgpack.encode(req).hex() == f"98a1729107{sp_hex}cb4000000000000000010304c0"
     # A frontend from before the append sends six fields: the request decodes with priority 0.
     old = bytes.fromhex(f"96a1729107{sp_hex}cb40000000000000000103")
     assert msgspec.msgpack.decode(old, type=wire.EngineCoreRequest) == msgspec.structs.replace(
