@@ -45,11 +45,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
-    from support.models import ensure_model
-
     from shoal.engine import wire
     from shoal.engine.llm import LLM
     from shoal.engine.lora.request import LoRARequest
+    from support.models import ensure_model
+
     from tests.engine import lora_peft
 
     torch.set_num_threads(args.threads)
