@@ -46,7 +46,7 @@ class ThinkEngine(ScriptedEngine):
                                               vocab_size=len(self.tokenizer))
         self.script: list[tuple[str, list[int]]] = []
 
-    async def generate(self, ids, params, request_id, priority=0):
+    async def generate(self, ids, params, request_id, priority=0, lora=None):
         self.asked.append((list(ids), params))
         self.ids_asked = getattr(self, "ids_asked", []) + [request_id]
         done = 0

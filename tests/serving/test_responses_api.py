@@ -96,7 +96,7 @@ def test_cut_by_max_output_tokens_is_incomplete(app):
     engine, client = app
     engine.script = [("a", [5])]
 
-    async def cut(ids, params, request_id, priority=0):
+    async def cut(ids, params, request_id, priority=0, lora=None):
         from shoal.engine.frontend.output_processor import RequestOutput
         yield RequestOutput(request_id, "a", [5], len(ids), 1, finish_reason="length")
 

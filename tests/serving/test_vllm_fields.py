@@ -50,7 +50,7 @@ class ScriptedEngine:
     def _check_available(self) -> None:
         pass
 
-    async def generate(self, ids, params, request_id, priority=0):
+    async def generate(self, ids, params, request_id, priority=0, lora=None):
         self.asked.append((list(ids), params))
         self.priorities.append(priority)
         n = len(self.text) if params.max_tokens is None else min(len(self.text),
