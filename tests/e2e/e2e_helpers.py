@@ -153,3 +153,13 @@ def condition_time(obj: dict, ctype: str, status: str = "True") -> float | None:
         if c["type"] == ctype and c["status"] == status and c.get("lastTransitionTime"):
             return iso_seconds(c["lastTransitionTime"])
     return None
+
+
+def kill9_engine_core(cluster: Cluster, ns: str, pod: str) -> None:
+    """SIGKILL the EngineCore process inside `pod`'s engine container (Shoal's image)."""
+    kill = ("import os, signal\n"
+            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()"
+            " and b'engine_core_proc' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+            "assert pids, 'no EngineCore process'\n"
+            "[os.kill(p, signal.SIGKILL) for p in pids]\nprint(pids)\n")
+    cluster.kubectl("exec", "-n", ns, pod, "-c", "engine", "--", "python3", "-c", kill)

@@ -18,6 +18,7 @@ from e2e.e2e_helpers import (
     create,
     frontend_metrics,
     group_metric,
+    kill9_engine_core,
     pods,
     record,
     service_url,
@@ -102,12 +103,7 @@ def test_a_killed_group_leaves_the_index_and_gets_nothing(cluster, routed):
     other = 1 - home
     assert _blocks(cluster, ns)[home] > 0
     pod = f"{NAME}-g{home}-r0"
-    kill = ("import os, signal\n"
-            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()"
-            " and b'engine_core_proc' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
-            "assert pids, 'no EngineCore process'\n"
-            "[os.kill(p, signal.SIGKILL) for p in pids]\n")
-    cluster.kubectl("exec", "-n", ns, pod, "-c", "engine", "--", "python3", "-c", kill)
+    kill9_engine_core(cluster, ns, pod)
     t_kill = time.monotonic()
 
     def left() -> bool:

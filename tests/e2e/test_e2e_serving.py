@@ -17,6 +17,7 @@ from e2e.e2e_helpers import (
     create,
     events,
     iso_seconds,
+    kill9_engine_core,
     pods,
     record,
     service_url,
@@ -117,12 +118,7 @@ def test_kill9_engine_core_is_named_restarted_and_serving_resumes(cluster, serve
     pod = f"{NAME}-g0-r0"
     old_uid = cluster.get("pod", pod, "-n", ns)["metadata"]["uid"]
     restarts_before = status(cluster, ns, NAME).get("restartCount", 0)
-    kill = ("import os, signal\n"
-            "pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()"
-            " and b'engine_core_proc' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
-            "assert pids, 'no EngineCore process'\n"
-            "[os.kill(p, signal.SIGKILL) for p in pids]\nprint(pids)\n")
-    cluster.kubectl("exec", "-n", ns, pod, "-c", "engine", "--", "python3", "-c", kill)
+    kill9_engine_core(cluster, ns, pod)
     t_kill = time.monotonic()
 
     def failure_recorded():

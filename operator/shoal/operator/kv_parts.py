@@ -19,13 +19,11 @@ from dataclasses import dataclass, field
 
 from shoal.contract import model_fetch as mf
 from shoal.contract import routing
-from shoal.operator.model_volumes import fetch_env, model_parts
+from shoal.operator.model_volumes import fetch_container, model_parts
 from shoal.operator.spec import EngineSpec
 
 EVENTS_PORT = routing.DEFAULT_KV_EVENTS_PORT
 REPLAY_PORT = routing.DEFAULT_KV_REPLAY_PORT
-FETCH_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"},
-                   "limits": {"memory": "1Gi"}}
 # Engine flags that would make the routers' index wrong, and why (refused with kv-aware).
 REFUSED_ENGINE_FLAGS = {
     "--kv-events-config": "the operator sets it for kv-aware routing (its ports are the "
@@ -87,16 +85,7 @@ def frontend_parts(spec: EngineSpec) -> FrontendParts:
     if how == "hf://":
         hub = spec.source.hub
         assert hub is not None
-        fetch = {
-            "name": mf.FETCH_CONTAINER,
-            "image": spec.frontend_image,
-            "imagePullPolicy": spec.image_pull_policy,
-            "command": mf.fetch_command(hub, files="tokenizer"),
-            "env": fetch_env(spec),
-            "volumeMounts": [{"name": mf.CACHE_VOLUME, "mountPath": mf.CACHE_MOUNT}],
-            "resources": FETCH_RESOURCES,
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }
+        fetch = fetch_container(spec, files="tokenizer")
         # Its own emptyDir even when spec.modelCache is shared: a few MB, and a tokenizer-only
         # snapshot never sits beside the engines' records.
         return FrontendParts(

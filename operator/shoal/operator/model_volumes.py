@@ -90,15 +90,16 @@ def fetch_env(spec: EngineSpec) -> list[dict]:
     return env
 
 
-def fetch_container(spec: EngineSpec) -> dict:
+def fetch_container(spec: EngineSpec, files: str = "engine") -> dict:
     """The `model-fetch` init container: `shoal fetch` (it locks, resumes, checks sizes and
-    hashes, and names a failure's cause in its termination message)."""
+    hashes, and names a failure's cause in its termination message); `files`: which of
+    model_fetch.FILE_SETS (a kv-aware frontend's takes only the tokenizer's)."""
     assert spec.source.hub is not None
     return {
         "name": mf.FETCH_CONTAINER,
         "image": shoal_init_image(spec),
         "imagePullPolicy": spec.image_pull_policy,
-        "command": mf.fetch_command(spec.source.hub),
+        "command": mf.fetch_command(spec.source.hub, files),
         "env": fetch_env(spec),
         "volumeMounts": [{"name": mf.CACHE_VOLUME, "mountPath": mf.CACHE_MOUNT}],
         "resources": FETCH_RESOURCES,

@@ -58,9 +58,8 @@ def score(cached: int, prompt_tokens: int, requests: float, most_requests: float
 
 
 def load_of(state, now: float) -> tuple[float, float]:
-    """(requests(g), kv(g)) of a candidate (`.outstanding`, and `.engine`: an EngineLoad or
-    None)."""
-    engine = fresh(getattr(state, "engine", None), now)
+    """(requests(g), kv(g)) of a candidate (`.outstanding`, `.engine`: an EngineLoad or None)."""
+    engine = fresh(state.engine, now)
     if engine is None:
         return float(state.outstanding), 0.0
     return max(float(state.outstanding), engine.requests), engine.kv_usage
@@ -68,8 +67,8 @@ def load_of(state, now: float) -> tuple[float, float]:
 
 def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Random,
            stale: set = frozenset(), alpha: float = ALPHA, now: float = 0.0):
-    """The candidate (anything with `.group.key`, `.outstanding` and optionally `.engine`, e.g.
-    a picker GroupState) to route to; None only when there are no candidates."""
+    """The candidate (anything with `.group.key`, `.outstanding` and `.engine`, e.g. a picker
+    GroupState) to route to; None only when there are no candidates."""
     if not candidates:
         return None
     loads = {s.group.key: load_of(s, now) for s in candidates}
