@@ -9,7 +9,6 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 import pytest
-from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
 from shoal.operator.autoscale import UP, decide, parse_wake, verdict
 from shoal.operator.autoscale_hpa import HPAs, aimed_at
 from shoal.operator.autoscale_metrics import Sample
@@ -137,7 +136,7 @@ CASES = [
                 Step(15, {}, 0, ready=set(), wake=iso(at(-200))),
                 Step(30, {}, 1, ready=set(), wake="2026-12-02T08:00:29.5Z", direction=UP),
                 Step(31, None, 1, ready=set())]),
-    Case("a wake annotation that is no time is ignored, named", spec(lo=0), start=0,
+    Case("a wake time that is no time is ignored, named", spec(lo=0), start=0,
          steps=[Step(0, {}, 0, ready=set(), wake="soon")], reason="not an RFC 3339 time"),
     Case("kvCacheUsage: the mean usage of the ready groups against the target",
          spec(0.6, metric="kvCacheUsage", up=0), start=2,
@@ -211,9 +210,6 @@ def test_hpas_aimed_at_the_engine_are_found_by_their_target():
     ("2026-12-02T08:00:00Z", T0), ("2026-12-02T09:00:00+01:00", T0),
     ("2026-12-02T08:00:00.250Z", T0 + dt.timedelta(milliseconds=250)),
     ("2026-12-02T08:00:00", None), ("soon", None), ("", None), (None, None)])
-def test_the_wake_annotation_is_rfc3339(text, want):
+def test_the_wake_time_is_rfc3339(text, want):
     assert parse_wake(text) == want
 
-
-def test_the_wake_annotation_name_is_the_contract():
-    assert WAKE_REQUESTED_ANNOTATION == "shoal.dev/wake-requested-at"

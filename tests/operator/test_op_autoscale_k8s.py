@@ -1,18 +1,20 @@
 """The autoscaler against the real API server: in-process passes (nobody watches `opi-*`), the
 engines' /metrics injected as the scraper's answers and time as the reconciler's clock: one
 scale-up (pods created, Event, status, an HPA on the same engine in a condition), and scale to
-zero and back on the wake annotation."""
+zero and back when a router renews the wake Lease the operator created (the router's own
+patch, k8s_wake.wake_patch)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 import pytest
-from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
+from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator.autoscale_metrics import Sample
 from shoal.operator.kube import Kube
 from shoal.operator.reconcile import Reconciler
+from shoal.router.k8s_wake import wake_patch
 from support import kubelet
 from support.builders import engine
 from support.engine_api import condition, create_ie, events, ie, pods
@@ -92,9 +94,10 @@ def test_idle_scales_to_zero_and_a_wake_brings_a_group_back(control_plane, quiet
     assert pods(kube, ns, "zero") == {}, "the group drained and went"
     r.reconcile(body)
     assert pods(kube, ns, "zero") == {}, "no wake: nothing starts"
-    wake = (w.now + dt.timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube.patch(L.API_VERSION, L.PLURAL, ns, "zero",
-               {"metadata": {"annotations": {WAKE_REQUESTED_ANNOTATION: wake}}})
+    lease = kube.get("coordination.k8s.io/v1", "leases", ns, discovery.wake_lease_name("zero"))
+    assert lease is not None and not lease["spec"].get("renewTime"), "created, never renewed"
+    kube.patch("coordination.k8s.io/v1", "leases", ns, "zero-wake",
+               wake_patch("zero-frontend-x", w.now + dt.timedelta(seconds=1)))
     w.now += dt.timedelta(seconds=2)
     r.reconcile(body)
     assert set(pods(kube, ns, "zero")) == {"zero-g0-r0"}

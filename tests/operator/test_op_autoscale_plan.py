@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
 from shoal.operator import labels as L
 from shoal.operator.actions import CreatePods, DeletePod, EmitEvent, WriteDiscovery
 from shoal.operator.autoscale import PERIOD_SECONDS, WAKE_POLL_SECONDS
@@ -98,7 +97,7 @@ def test_at_zero_a_pass_looks_for_a_wake_often_and_a_wake_creates_a_group():
     _, woken = run(body(minReplicas=0), groups=0, autoscaling=mem, samples={},
                    wake=iso(T0 - dt.timedelta(seconds=1)))
     assert woken.replicas == 1 and CreatePods(0, (0,)) in woken.actions
-    assert events(woken)[0][0] == "ScaledUp" and WAKE_REQUESTED_ANNOTATION in events(woken)[0][1]
+    assert events(woken)[0][0] == "ScaledUp" and "wake Lease" in events(woken)[0][1]
 
 
 def test_without_a_scrape_the_count_holds_and_the_next_look_is_a_period_away():

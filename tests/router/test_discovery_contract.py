@@ -43,7 +43,7 @@ def test_the_frontend_mounts_and_watches_what_the_operator_writes(tmp_path):
     assert env["SHOAL_DISCOVERY_CONFIGMAP"]["value"] == cm["metadata"]["name"]
     binding = render.frontend_role_binding(EngineRef.of(body))
     assert pod["serviceAccountName"] == binding["subjects"][0]["name"]
-    (rule,) = render.frontend_role(EngineRef.of(body))["rules"]
+    (rule,) = render.frontend_role(*parse(body))["rules"]
     assert rule["resourceNames"] == [cm["metadata"]["name"]] and "watch" in rule["verbs"]
 
     local = tmp_path / discovery.KEY
@@ -79,3 +79,46 @@ def test_the_gateway_selects_and_reads_the_configmaps_the_operator_renders():
     children = render.render_children(*parse(_body("llm", "prod")))
     cms = [o for o in children if o["kind"] == "ConfigMap"]
     assert [c["metadata"]["name"] for c in cms] == [discovery.configmap_name("llm")]
+
+
+def test_an_engine_that_scales_to_zero_is_wakeable_by_what_its_frontends_may_do(monkeypatch):
+    """minReplicas 0: discovery says `wakeable` (so the routers hold), the operator renders the
+    Lease the router's waker patches, the frontends' Role may patch exactly that Lease, and the
+    Deployment sets what k8s_wake.from_environment reads. Without autoscaling: none of it."""
+    from shoal.router import k8s_wake
+
+    body = _body("chat", "team")
+    body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, "requestsPerGroup": 4}
+    ref, spec = parse(body)
+    found = parse_discovery(render.discovery_configmap(ref, spec, [])["data"][discovery.KEY])
+    assert found.wakeable and found.groups == ()
+    children = render.render_children(ref, spec)
+    (lease,) = [o for o in children if o["kind"] == "Lease"]
+    assert lease["metadata"]["name"] == discovery.wake_lease_name("chat") == "chat-wake"
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    kinds = [o["kind"] for o in children]
+    assert kinds.index("Lease") < kinds.index("Deployment"), "there before a frontend wakes it"
+    rules = render.frontend_role(ref, spec)["rules"]
+    (wake,) = [r for r in rules if "coordination.k8s.io" in r["apiGroups"]]
+    assert wake["resources"] == ["leases"] and wake["resourceNames"] == ["chat-wake"]
+    assert set(wake["verbs"]) == {"get", "patch"}
+    # The frontend's environment, as the Deployment sets it, gives the waker its identity.
+    (container,) = render.frontend_deployment(ref, spec)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]
+           if "valueFrom" in e}
+    assert env[k8s_wake.POD_ENV] == "metadata.name"
+    assert env[discovery.NAMESPACE_ENV] == "metadata.namespace"
+    monkeypatch.setenv(k8s_wake.POD_ENV, "chat-frontend-x")
+    monkeypatch.setenv(discovery.NAMESPACE_ENV, "team")
+    monkeypatch.setattr(k8s_wake, "in_cluster_server", lambda: "https://10.0.0.1:443")
+    waker = k8s_wake.from_environment()
+    assert (waker.namespace, waker.holder) == ("team", "chat-frontend-x")
+
+    still = _body("chat", "team")
+    still["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2, "requestsPerGroup": 4}
+    for b in (still, _body("chat", "team")):
+        ref, spec = parse(b)
+        assert not parse_discovery(
+            render.discovery_configmap(ref, spec, [])["data"][discovery.KEY]).wakeable
+        assert "Lease" not in [o["kind"] for o in render.render_children(ref, spec)]
+        assert len(render.frontend_role(ref, spec)["rules"]) == 1

@@ -42,6 +42,11 @@ cluster-scoped rules always need the ClusterRole.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
+# minReplicas 0: the wake Lease NAME-wake, created with the engine and read at zero; get and
+# patch because the frontends' Role grants them on it.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "patch"]
 # Engine deaths, restarts and drains as Events.
 - apiGroups: [""]
   resources: ["events"]

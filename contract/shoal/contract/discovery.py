@@ -14,7 +14,7 @@ Only groups whose every rank is Ready and that are not draining are listed. `enc
 (spec.autoscaling.minReplicas 0): a router then holds a request that finds no group, for a
 while, and asks for a group by renewing the Lease `wake_lease_name(NAME)` (its
 spec.renewTime: the request's time), which the operator creates with the engine, lets the
-engine's frontends patch, and watches.
+engine's frontends patch, and reads while the engine has no group.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ KEY = "engines.json"  # the ConfigMap key, and the file's name in the mounted vo
 MOUNT_DIR = "/etc/shoal/discovery"
 CONFIGMAP_ENV = "SHOAL_DISCOVERY_CONFIGMAP"  # the ConfigMap's name, set on frontend pods
 NAMESPACE_ENV = "POD_NAMESPACE"  # the frontend pod's namespace (downward API)
+POD_ENV = "POD_NAME"  # the frontend pod's name (downward API): the wake Lease's holderIdentity
 
 
 def configmap_name(engine: str) -> str:

@@ -30,8 +30,3 @@ HTTP_PORT = 8000
 # What the gateway lists to find every InferenceEngine's frontends (and so their discovery).
 FRONTEND_SELECTOR = (f"{LABEL_MANAGED_BY}={MANAGED_BY},"
                      f"{LABEL_COMPONENT}={COMPONENT_FRONTEND}")
-
-# Written by a gateway or frontend that holds a request for an engine scaled to zero
-# (spec.autoscaling.minReplicas 0): the time of the request, RFC 3339 (`2026-12-02T08:00:00Z`).
-# The operator starts max(minReplicas, 1) groups when it is newer than the last scale-down.
-WAKE_REQUESTED_ANNOTATION = "shoal.dev/wake-requested-at"

@@ -4,7 +4,7 @@
 
 No API call, no clock read: the groups that are Ready, what each one's rank 0 reported
 (autoscale_metrics.Sample, None for a group that did not answer), what earlier decisions left
-in status.autoscaling, the wake annotation and the time go in; the group count and why come
+in status.autoscaling, the wake Lease's renewTime and the time go in; the group count and why come
 out. Table-tested in tests/operator/test_op_autoscale.py. The rule (docs/operator.md,
 "Autoscaling"):
 
@@ -19,8 +19,8 @@ out. Table-tested in tests/operator/test_op_autoscale.py. The rule (docs/operato
   request at all. A direction change also waits that long after the last scale.
 - hold: while a ready group does not answer its /metrics (not counted as idle), while no
   group is Ready, and below the current count while a desired group is not Ready yet.
-- at zero: a wake request (WAKE_REQUESTED_ANNOTATION) newer than the last scale starts
-  max(minReplicas, 1) groups at once.
+- at zero: a wake (the renewTime of the Lease `NAME-wake`, renewed by a router holding a
+  request) newer than the last scale starts max(minReplicas, 1) groups at once.
 - spec.replicas is the count the autoscaler starts from (clamped); afterwards it is ignored
   (a `kubectl scale` does not change the count; the Autoscaling condition says so).
 """
@@ -32,14 +32,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
 from shoal.operator.autoscale_metrics import Sample, merge, quantile
 from shoal.operator.observed import iso, parse_time
 from shoal.operator.spec import AutoscaleMetric, AutoscalingSpec
 
 TOLERANCE = 0.1  # |ratio - 1| within this: no change (HPA's default)
 PERIOD_SECONDS = 15.0  # how often a pass scrapes and decides while autoscaling is on
-WAKE_POLL_SECONDS = 2.0  # at zero: how often a pass looks for a wake request
+WAKE_POLL_SECONDS = 2.0  # at zero: how often a pass reads the wake Lease
+WAKE_LEASE = "the wake Lease's renewTime"
 UP, DOWN = "Up", "Down"
 
 # What status.autoscaling keeps between passes (besides what it reports).
@@ -228,13 +228,12 @@ class _Decider:
         at = parse_wake(wake)
         last = parse_time(self.mem.get("lastScaleTime"))
         if wake and at is None:
-            return self.hold(0, 0, f"annotation {WAKE_REQUESTED_ANNOTATION}={wake!r} is not an "
-                                   "RFC 3339 time: ignored", clear=True)
+            return self.hold(0, 0, f"{WAKE_LEASE} {wake!r} is not an RFC 3339 time: ignored",
+                             clear=True)
         if at is not None and (last is None or at > last):
-            return self.scale(UP, 0, start, 0, f"wake requested at {wake} "
-                                               f"({WAKE_REQUESTED_ANNOTATION})")
-        return self.hold(0, 0, "scaled to zero: no request for scaleDownDelaySeconds; a wake "
-                               f"request ({WAKE_REQUESTED_ANNOTATION}) starts {start} "
+            return self.scale(UP, 0, start, 0, f"wake requested at {wake} ({WAKE_LEASE})")
+        return self.hold(0, 0, "scaled to zero: no request for scaleDownDelaySeconds; a held "
+                               f"request (it renews {WAKE_LEASE}) starts {start} "
                                f"group{'s' if start > 1 else ''}", clear=True)
 
 

@@ -261,9 +261,9 @@ def _autoscaling() -> dict:
         "to ceil(readyGroups * value / target) (HPA's rule, 10% tolerance), within "
         "[`minReplicas`, `maxReplicas`], after the stabilization windows below. Scale-down is "
         "the ordered drain of the highest groups. With `minReplicas: 0` an engine with no "
-        "request for `scaleDownDelaySeconds` has no group left; the annotation "
-        "`shoal.dev/wake-requested-at` (an RFC 3339 time, written by the gateway or a "
-        "frontend holding a request) starts one again. `spec.replicas` is then only the "
+        "request for `scaleDownDelaySeconds` has no group left; the frontends and the "
+        "gateway then hold a request for it (up to 120 s) and renew the Lease `NAME-wake`, "
+        "which starts a group again. `spec.replicas` is then only the "
         "starting count; an HPA aimed at the resource is reported in the `Autoscaling` "
         "condition. Set exactly one target. Example: `{minReplicas: 0, maxReplicas: 4, "
         "requestsPerGroup: 8}`. Default: none (the count is `spec.replicas`).",

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Event": "events",
            "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
            "InferenceEngine": "inferenceengines", "ServiceAccount": "serviceaccounts",
-           "Role": "roles", "RoleBinding": "rolebindings"}
+           "Role": "roles", "RoleBinding": "rolebindings", "Lease": "leases"}
 
 
 def load_config() -> client.ApiClient:

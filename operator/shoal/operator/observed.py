@@ -55,8 +55,9 @@ class Observed:
     deleting: bool = False
     generation: int = 0
     # spec.autoscaling only (autoscale.py): this pass's scrape of each ready group's rank 0
-    # (None: no scrape this pass; a group's None: it did not answer), the wake annotation as
-    # written, and the HPAs aimed at the resource (autoscale_hpa.HPAs; None: not listed)
+    # (None: no scrape this pass; a group's None: it did not answer), the wake Lease's
+    # spec.renewTime as written (read only at zero), and the HPAs aimed at the resource
+    # (autoscale_hpa.HPAs; None: not listed)
     samples: Mapping | None = None
     wake: str | None = None
     hpas: object | None = None

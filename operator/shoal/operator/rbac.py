@@ -41,6 +41,14 @@ RULES: list[dict] = [
         "resources": ["roles", "rolebindings"],
         "verbs": ["get", "create", "patch"],
     },
+    # spec.autoscaling.minReplicas 0: the wake Lease `NAME-wake` is created with the engine and
+    # read at zero (a renewTime newer than the scale-down starts a group); get and patch only
+    # because the frontends' Role grants them on it (RBAC lets the operator grant what it holds).
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "patch"],
+    },
     # Engine deaths, restarts and drains as Events (ours and kopf's own error reports).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # The frontend Deployment.

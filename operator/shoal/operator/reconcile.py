@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.contract.labels import WAKE_REQUESTED_ANNOTATION
+from shoal.contract import discovery
 from shoal.contract.model_fetch import FETCH_CONTAINER
 from shoal.operator import fetch_progress
 from shoal.operator import labels as L
@@ -107,7 +107,7 @@ class Reconciler:
         now = self.clock()
         old = body.get("status") or {}
         ref, spec = parse(body, self.settings)
-        observed, memory = self._observe(ref, body), Memory.of(old)
+        observed, memory = self._observe(ref, spec, body), Memory.of(old)
         p = plan(spec, observed, memory, now)
         self.applier.apply(ref, spec, p.actions)
         self._log_changes(ref, memory, p)
@@ -117,7 +117,7 @@ class Reconciler:
                        status=status, drain_probes=dict(p.drain_probes),
                        stopped=observed.deleting and not left)
 
-    def _observe(self, ref: EngineRef, body: dict) -> Observed:
+    def _observe(self, ref: EngineRef, spec: EngineSpec, body: dict) -> Observed:
         by_group: dict[int, dict[int, dict]] = {}
         for p in self.pods(ref.namespace, ref.name, L.COMPONENT_ENGINE):
             if owned_by(p, ref.uid):
@@ -130,8 +130,19 @@ class Reconciler:
                         fetch_logs=self._fetch_logs(ref, by_group),
                         deleting=deleting, generation=meta.get("generation", 0),
                         samples=self._scrape(ref, by_group) if autoscaled else None,
-                        wake=(meta.get("annotations") or {}).get(WAKE_REQUESTED_ANNOTATION),
+                        wake=self._wake(ref) if spec.wakeable and not by_group else None,
                         hpas=self.hpas(ref.namespace, ref.name) if autoscaled else None)
+
+    def _wake(self, ref: EngineRef) -> str | None:
+        """The wake Lease's renewTime (a router holding a request renews it), read only while
+        the engine has no pod at all; a failed read wakes nothing this pass."""
+        lease = discovery.wake_lease_name(ref.name)
+        try:
+            obj = self.kube.get("coordination.k8s.io/v1", "leases", ref.namespace, lease)
+        except Exception as e:  # noqa: BLE001
+            log.warning("%s: could not read the wake Lease %s: %s", ref, lease, e)
+            return None
+        return ((obj or {}).get("spec") or {}).get("renewTime")
 
     def _scrape(self, ref: EngineRef, by_group: dict) -> dict | None:
         """Rank 0's /metrics of every group whose rank 0 is Ready (None: no read due now)."""

@@ -10,7 +10,10 @@ Children of one InferenceEngine `NAME` in namespace `NS`:
   in-cluster OpenAI endpoint.
 - ConfigMap `NAME-engines`: the ready groups' rank-0 addresses, mounted into every frontend
   (the discovery file; see docs/operator.md, "Frontend discovery").
-- ServiceAccount, Role, RoleBinding `NAME-frontend`: the frontends may read that ConfigMap.
+- ServiceAccount, Role, RoleBinding `NAME-frontend`: the frontends may read that ConfigMap (and,
+  when the engine scales to zero, renew its wake Lease).
+- Lease `NAME-wake` (coordination.k8s.io, only with `spec.autoscaling.minReplicas: 0`): a router
+  holding a request for the engine at zero renews it; the operator starts a group.
 - Headless Service `NAME-ranks` and the engine pods `NAME-gG-rR`: render_engine.py.
 - PodDisruptionBudget `NAME-engines` (policy/v1, or policy/v1beta1 on old servers).
 """
@@ -48,7 +51,7 @@ __all__ = [
     "frontend_args", "frontend_deployment", "frontend_operator_template", "frontend_role",
     "frontend_role_binding", "frontend_service", "frontend_service_account", "grace_seconds",
     "group_pods", "operator_pod", "pod_disruption_budget", "rank0_probes",
-    "ranks_service", "render_children", "selector_string",
+    "ranks_service", "render_children", "selector_string", "wake_lease",
 ]
 
 # ---- frontend -------------------------------------------------------------------------------
@@ -85,6 +88,9 @@ def _frontend_container(ref: EngineRef, spec: EngineSpec) -> dict:
         "env": [{"name": discovery.CONFIGMAP_ENV, "value": discovery.configmap_name(ref.name)},
                 {"name": discovery.NAMESPACE_ENV,
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                # the wake Lease's holderIdentity (k8s_wake.py)
+                {"name": discovery.POD_ENV,
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": ROUTING_ENV, "value": spec.frontend_routing}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -138,10 +144,16 @@ def frontend_service_account(ref: EngineRef) -> dict:
     return with_hash(sa, {})
 
 
-def frontend_role(ref: EngineRef) -> dict:
+def frontend_role(ref: EngineRef, spec: EngineSpec) -> dict:
+    """Read the discovery ConfigMap; renew the wake Lease of an engine that scales to zero (a
+    Lease, not the InferenceEngine: a frontend that may patch its engine could change its spec)."""
     rules = [{"apiGroups": [""], "resources": ["configmaps"],
               "resourceNames": [discovery.configmap_name(ref.name)],
               "verbs": ["get", "list", "watch"]}]
+    if spec.wakeable:
+        rules.append({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [discovery.wake_lease_name(ref.name)],
+                      "verbs": ["get", "patch"]})
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": metadata(ref, L.frontend_name(ref.name), L.COMPONENT_FRONTEND),
             "rules": rules}
@@ -157,6 +169,16 @@ def frontend_role_binding(ref: EngineRef) -> dict:
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
     }
     return with_hash(binding, {"roleRef": binding["roleRef"], "subjects": binding["subjects"]})
+
+
+def wake_lease(ref: EngineRef) -> dict:
+    """The engine's wake Lease: created empty, then only renewed by the routers (its hash covers
+    nothing, so the operator never writes it again); the operator reads `spec.renewTime`."""
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": metadata(ref, discovery.wake_lease_name(ref.name),
+                                  L.COMPONENT_FRONTEND),
+             "spec": {}}
+    return with_hash(lease, {})
 
 
 def frontend_service(ref: EngineRef) -> dict:
@@ -182,7 +204,8 @@ def discovery_data(ref: EngineRef, spec: EngineSpec, ready_groups: list[int]) ->
     draining, so frontends never send to a dead or stopping engine."""
     groups = {g: f"http://{L.rank_host(ref.name, ref.namespace, g, 0)}:{L.HTTP_PORT}"
               for g in ready_groups}
-    return {discovery.KEY: discovery.encode(spec.served_model_name, groups)}
+    return {discovery.KEY: discovery.encode(spec.served_model_name, groups,
+                                            wakeable=spec.wakeable)}
 
 
 def discovery_configmap(ref: EngineRef, spec: EngineSpec, ready_groups: list[int]) -> dict:
@@ -214,9 +237,11 @@ def singletons(ref: EngineRef, spec: EngineSpec, serving: list[int],
     """The children that are not engine pods, in dependency order: what the frontend pods
     mount and read (ServiceAccount, Role, the discovery ConfigMap) comes before the Deployment
     that creates them. `pdb_api_version=None` leaves the PDB out."""
-    out = [frontend_service_account(ref), frontend_role(ref), frontend_role_binding(ref),
-           discovery_configmap(ref, spec, serving), ranks_service(ref, spec),
-           frontend_deployment(ref, spec), frontend_service(ref)]
+    out = [frontend_service_account(ref), frontend_role(ref, spec), frontend_role_binding(ref),
+           discovery_configmap(ref, spec, serving), ranks_service(ref, spec)]
+    if spec.wakeable:
+        out.append(wake_lease(ref))
+    out += [frontend_deployment(ref, spec), frontend_service(ref)]
     if pdb_api_version:
         out.append(pod_disruption_budget(ref, pdb_api_version))
     return out

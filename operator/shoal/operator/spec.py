@@ -215,6 +215,12 @@ class EngineSpec:
     autoscaling: AutoscalingSpec | None = None  # set: the autoscaler decides the group count
 
     @property
+    def wakeable(self) -> bool:
+        """Scaled to zero on purpose when idle: the routers hold a request and renew the wake
+        Lease (render.wake_lease) instead of failing it."""
+        return self.autoscaling is not None and self.autoscaling.min_replicas == 0
+
+    @property
     def token_key(self) -> str:
         return str((self.model_auth or {}).get("key") or DEFAULTS["modelAuth.key"])
 

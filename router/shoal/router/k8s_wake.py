@@ -12,7 +12,7 @@ from pathlib import Path
 from shoal.contract import discovery
 from shoal.router.k8s_discovery import SA_DIR, api_client, in_cluster_server
 
-POD_ENV = "POD_NAME"
+POD_ENV = discovery.POD_ENV
 
 
 def micro_time(at: dt.datetime) -> str:
