@@ -13,8 +13,8 @@ advanced`) and metrics (`vllm_router_kv_placement_lookups_total`) show its side.
 
 vllm-router tokenizes through the workers: `/v1/completions/render` (Shoal: 404, as a
 `vllm serve` without VLLM_ENABLE_SCALE_OUT_ENDPOINTS), then `/tokenize`. For a chat it sends
-`/tokenize` `{"messages": ..., "continue_final_message": false}`, which Shoal's /tokenize
-refuses (400): chats are routed by load only. test_chat_... pins that fact.
+`/tokenize` `{"messages": ..., "continue_final_message": false}`, which Shoal's /tokenize takes
+(true is refused, naming it): chats are routed by their cached system prompt too.
 """
 
 from __future__ import annotations
@@ -180,33 +180,35 @@ def test_a_router_started_late_replays_the_batches_it_missed(kv_engines, tmp_pat
         router.stop()
 
 
-def test_chat_routes_by_load_only_because_shoal_tokenize_refuses_continue_final_message(
+def test_chat_repeats_go_to_the_group_whose_events_say_their_system_prompt_is_cached(
         kv_router, kv_engines):
-    """vllm-router 0.1.17 tokenizes a chat with `/tokenize` {"model", "continue_final_message":
-    false, "messages"}; Shoal's TokenizeRequest forbids the field (its chat request accepts it
-    at false), so the peer cannot tokenize and routes the chat as `missing_tokens`. The day
-    Shoal's /tokenize accepts it, this test fails: replace it with chat repeats going where
-    their system prompt is cached (as test_repeats_... does for completions)."""
-    body = {"model": MODEL_NAME, "continue_final_message": False,
+    """vllm-router 0.1.17 tokenizes a chat with Shoal's `/tokenize` {"model",
+    "continue_final_message": false, "messages"} (the chat template applied by the engine), so
+    a chat whose system prompt was cached on group 1 directly goes there through the router,
+    where a router that ignored the events would send it to group 0 (least loaded, first)."""
+    system = "You are the support assistant of a hardware shop; answer in one line. " * 12
+
+    def chat(url: str, question: str) -> None:
+        r = httpx.post(f"{url}/v1/chat/completions", headers=HEADERS, timeout=60,
+                       json={"model": MODEL_NAME, "max_tokens": 1, "messages": [
+                           {"role": "system", "content": system},
+                           {"role": "user", "content": question}]})
+        assert r.status_code == 200, r.text
+
+    body = {"model": MODEL_NAME, "continue_final_message": True,
             "messages": [{"role": "user", "content": "hello"}]}
     r = httpx.post(f"{kv_engines[0].url}/tokenize", headers=HEADERS, json=body, timeout=10)
     assert r.status_code == 400 and "continue_final_message" in r.text, r.text
-    before = kv_router.metrics()
-    system = "You are the support assistant of a hardware shop; answer in one line. " * 12
-    r = httpx.post(f"{kv_router.url}/v1/chat/completions", headers=HEADERS, timeout=60,
-                   json={"model": MODEL_NAME, "max_tokens": 1, "messages": [
-                       {"role": "system", "content": system},
-                       {"role": "user", "content": "Do you sell screws?"}]})
-    assert r.status_code == 200, r.text  # served, but routed blind
+    seen = _consumed(kv_router, kv_engines[1])
+    chat(kv_engines[1].url, "Do you sell hammers?")
+    _wait_consumed(kv_router, kv_engines[1], past=seen)
+    before, lookups = _successes(kv_engines), kv_router.metrics()
+    for q in ("Do you sell screws?", "Are you open on Sunday?", "Do you deliver?"):
+        chat(kv_router.url, q)
+    assert _delta(_successes(kv_engines), before) == {0: 0, 1: 3}, kv_router.log()[-3000:]
     after = kv_router.metrics()
-
-    def grew(key: str) -> float:
-        return after.get(key, 0) - before.get(key, 0)
-
-    assert grew('vllm_router_kv_routing_inputs_total{transport="http",'
-                'result="preparation_rejected"}') >= 1, after
-    assert grew('vllm_router_prefix_routing_decisions_total{policy="kv_aware",'
-                'stage="regular",outcome="missing_tokens"}') == 1, after
+    key = 'vllm_router_kv_placement_lookups_total{result="hit"}'
+    assert after.get(key, 0) - lookups.get(key, 0) == 3, after
 
 
 def test_sglang_router_cache_aware_keeps_a_prefix_on_one_group(kv_engines, tmp_path):

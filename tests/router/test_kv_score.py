@@ -16,6 +16,7 @@ from shoal.router.kv_score import (
     KvAware,
     PromptTokenizer,
     choose,
+    claim_keys,
     load_encoder,
     prompt_ids,
     score,
@@ -222,6 +223,37 @@ def test_the_picker_routes_a_cached_prefix_where_it_is_and_a_miss_by_load():
     index.refresh_stale(now[0])
     assert index.stale == {K[2]}
     assert picker.pick(prefix=prefix[:12]) == G[1]
+
+
+def test_a_miss_goes_back_to_where_its_prefix_was_last_sent_within_the_load_bound():
+    """No events yet (a burst), or the prefix evicted everywhere: the claim keeps a tenant on
+    one group instead of scattering it by load; a home busier than the bound lets it spill."""
+    index = KvIndex(stale_after=10.0)
+    aware = KvAware(index, None, rng=random.Random(3), clock=lambda: 100.0)
+    picker = GroupPicker(kv=aware, clock=lambda: 100.0)
+    picker.set_groups(G)
+    tenant = list(range(1000, 1048))  # three whole claim blocks
+    picker.acquire(G[0]), picker.acquire(G[2])
+    first = picker.pick(prefix=tenant + [1])
+    assert first == G[1]  # a miss, nothing claimed: the least loaded
+    for _ in range(3):
+        picker.acquire(G[1])  # its home is now the busiest (3 against 1), within the bound 4
+    assert picker.pick(prefix=tenant + [2]) == G[1]
+    assert picker.pick(prefix=tenant[:16] + [7] * 40) == G[1], "a shorter claimed prefix"
+    for _ in range(3):
+        picker.acquire(G[1])  # 6 against 1: past the bound, it spills to the least loaded
+    assert picker.pick(prefix=tenant + [3]) in (G[0], G[2])
+    # The engines' events outrank a claim: group 2 reports the tenant's blocks cached.
+    index.apply(K[2], 0, KVEventBatch(1.0, [_stored([1, 2, 3], tenant[:12])]), 100.0)
+    assert picker.pick(prefix=tenant + [4]) == G[2]
+
+
+def test_claims_cover_whole_blocks_only():
+    assert claim_keys(list(range(15))) == []
+    a, b = claim_keys(list(range(40))), claim_keys(list(range(32)) + [9] * 8)
+    assert len(a) == 2 and a == b, "the partial third block does not count"
+    assert claim_keys([5] * 16 + list(range(16)))[0] == claim_keys([5] * 16)[0]
+    assert len(claim_keys(list(range(10 ** 5)))) == 256
 
 
 # ----- long prompts: tokenized in growing pieces (progressive_keys) ------------------------

@@ -145,6 +145,11 @@ def test_tokenize_with_messages_honours_add_special_tokens(served):
     bos = engine.tokenizer("x").input_ids[0]
     assert plain[0] != bos and with_bos == [bos, *plain]
     assert c.post("/tokenize", json={"prompt": "x"}).json()["tokens"][0] == bos
+    # vllm-router tokenizes every chat with continue_final_message: false; true is refused.
+    assert c.post("/tokenize", json={**CHAT, "continue_final_message": False}).json()[
+        "tokens"] == plain
+    r = c.post("/tokenize", json={**CHAT, "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
 # ----- return_token_ids and usage ----------------------------------------------------------

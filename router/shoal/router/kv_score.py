@@ -15,8 +15,13 @@ older than engine_load.FRESH_S. The max is over the candidates.
 alpha = ALPHA (0.5): the busiest group gives up half a prompt's worth of hit; beta = BETA (0.25):
 a full KV cache (preemption ahead) gives up a quarter. The highest score wins; ties are broken at
 random (an injectable RNG). A miss (no candidate caches any of the prompt, or a prompt the router
-cannot tokenize exactly) goes to the candidate with the fewest requests(g), ties at random: never
-to whichever has the smallest index.
+cannot tokenize exactly) goes to the group that this router last sent the prompt's longest
+claimed prefix (CLAIM_TOKENS-token blocks of its ids), if that group's outstanding requests exceed
+the least loaded's by at most DEFAULT_IMBALANCE (affinity.PrefixAffinity's claims and bound);
+else to the candidate with the fewest requests(g), ties at random, never to whichever has the
+smallest index. Claims are made when a request is routed, before its events can arrive: a burst
+of one tenant's prompts stays together, and a tenant whose blocks were evicted everywhere goes
+back to its last group instead of scattering (measured: benchmarks/README.md, kv-routing).
 
 Tokenizing (PromptTokenizer): the model's tokenizer.json through `tokenizers` (no torch), as the
 engine does: a completion's text prompt with its special tokens, a token-id prompt as given, the
@@ -39,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.router.affinity import PrefixAffinity
 from shoal.router.engine_load import fresh
 from shoal.router.kv_index import KvIndex
 
@@ -48,6 +54,17 @@ THREAD_ABOVE = 8192  # body bytes above which tokenizing leaves the event loop
 FIRST_CHARS = 16384  # a long prompt's first piece to tokenize (progressive_keys)
 MARGIN_CHARS = 256  # a piece's tail whose tokens are not trusted
 MAX_BLOCK_TOKENS = 64  # "cached to the end" allows a last partial block this long
+CLAIM_TOKENS = 16  # a claim covers whole blocks of this many token ids
+MAX_CLAIMS = 256  # claims cover at most the first 4,096 tokens
+
+
+def claim_keys(ids: list[int]) -> list[int]:
+    """Chained hashes of the whole CLAIM_TOKENS blocks of `ids`, shortest prefix first."""
+    out, h = [], 0
+    for i in range(min(len(ids) // CLAIM_TOKENS, MAX_CLAIMS)):
+        h = hash((h, tuple(ids[i * CLAIM_TOKENS:(i + 1) * CLAIM_TOKENS])))
+        out.append(h)
+    return out
 
 
 def score(cached: int, prompt_tokens: int, requests: float, most_requests: float,
@@ -66,15 +83,18 @@ def load_of(state, now: float) -> tuple[float, float]:
 
 
 def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Random,
-           stale: set = frozenset(), alpha: float = ALPHA, now: float = 0.0):
+           stale: set = frozenset(), alpha: float = ALPHA, now: float = 0.0, home=None):
     """The candidate (anything with `.group.key`, `.outstanding` and `.engine`, e.g. a picker
-    GroupState) to route to; None only when there are no candidates."""
+    GroupState) to route to; None only when there are no candidates. `home`: the candidate a
+    miss goes to (the claim's owner within the load bound), None for the least loaded."""
     if not candidates:
         return None
     loads = {s.group.key: load_of(s, now) for s in candidates}
     hits = {s.group.key: (0 if s.group.key in stale else cached.get(s.group.key, 0))
             for s in candidates}
-    if not any(hits.values()):  # a miss: the least loaded
+    if not any(hits.values()):  # a miss: its claimed home, else the least loaded
+        if home is not None:
+            return home
         least = min(r for r, _ in loads.values())
         return rng.choice([s for s in candidates if loads[s.group.key][0] == least])
     most = max(r for r, _ in loads.values())
@@ -290,6 +310,7 @@ class KvAware:
         self.alpha = alpha
         self.rng = rng or random.Random()
         self.clock = clock or time.monotonic
+        self.claims = PrefixAffinity(clock=self.clock)  # where each prefix was last sent
 
     def request_keys(self, body: bytes) -> PromptKeys:
         prompt = prompt_of(body, self.tokenizer)
@@ -311,8 +332,15 @@ class KvAware:
         if not isinstance(keys, PromptKeys):
             keys = PromptKeys(list(keys), len(keys))
         cached = self.index.longest_prefix(keys.ids)
+        claimed = claim_keys(keys.ids)
+        home = self.claims.choose(claimed, candidates) if claimed else None
         return choose(candidates, cached, keys.total, self.rng, self.index.stale, self.alpha,
-                      self.clock())
+                      self.clock(), home=home)
 
     def remember(self, keys, chosen, live) -> None:
+        """`chosen` was sent this prompt: it claims the prompt's blocks that have no live
+        owner (affinity's rule), and its traffic is noted (a silent group goes stale)."""
+        ids = keys.ids if isinstance(keys, PromptKeys) else list(keys)
+        if ids:
+            self.claims.remember(claim_keys(ids), chosen, live)
         self.index.note_traffic(chosen, self.clock())

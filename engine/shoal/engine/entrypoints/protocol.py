@@ -401,6 +401,9 @@ class TokenizeRequest(_Strict):
     # special tokens), true adds the tokenizer's own (BOS) on top.
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    # vllm-router sends it (false) with every chat it tokenizes; true would leave the last
+    # message open, which Shoal's chat does not do either: refused, named.
+    continue_final_message: Annotated[bool, _only(False)] = False
 
     def special_tokens(self) -> bool:
         if self.add_special_tokens is not None:
