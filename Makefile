@@ -38,8 +38,9 @@ cluster-down:
 
 # The whole suite: lint, then every tier (what .ci/run runs). One tier alone: make test-unit,
 # test-process, test-k8s, test-e2e (tests/conftest.py says what each holds).
+# --durations: every run ends with its 30 slowest steps (the tier budget's evidence).
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 test-unit test-process test-k8s test-e2e: test-%: venv
 	$(BIN)/python -m pytest -q -m $* $(PYTEST_ARGS)
