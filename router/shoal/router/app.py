@@ -22,10 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.contract import __version__, discovery
 from shoal.contract.auth import KeyCheck
 from shoal.contract.routing import DEFAULT_IMBALANCE, DEFAULT_ROUTING, KV_AWARE
-from shoal.router import k8s_discovery, k8s_wake
+from shoal.router import adapters, k8s_discovery, k8s_wake
 from shoal.router.affinity import make_affinity, request_keys
 from shoal.router.discovery import Discovery, DiscoveryWatcher
-from shoal.router.errors import error_response, no_group_message
+from shoal.router.errors import error_response, no_group_message, unknown_model
 from shoal.router.health import HealthProber
 from shoal.router.hold import READY, Holder, not_woken
 from shoal.router.metrics import RouterMetrics
@@ -39,11 +39,12 @@ if TYPE_CHECKING:  # zmq only where kv-aware routing runs (main.py builds it)
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 
 
-def model_list(models: list[tuple[str, str]], created: int) -> dict:
-    """OpenAI's /v1/models body for (served name, root model) pairs."""
+def model_list(models: list[tuple], created: int) -> dict:
+    """OpenAI's /v1/models body for (served name, root model[, parent]) rows: a LoRA adapter's
+    parent is its base model, as vLLM lists it."""
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": created, "owned_by": "shoal", "root": root,
-         "parent": None} for name, root in models]}
+        {"id": row[0], "object": "model", "created": created, "owned_by": "shoal",
+         "root": row[1], "parent": row[2] if len(row) > 2 else None} for row in models]}
 
 
 class Router:
@@ -73,7 +74,8 @@ class Router:
         self.wakeable = False
         self.holder = Holder.from_environment(k8s_wake.from_environment())
         self.proxy = Proxy(self.picker, self.metrics, self.client)
-        self.prober = HealthProber(self.picker, self.client, probe_interval)
+        self.prober = HealthProber(self.picker, self.client, probe_interval,
+                                   api_key=api_keys[0] if api_keys else None)
         # In a pod the operator set up: the ConfigMap from the API (seconds, not a kubelet sync).
         self.api_source = k8s_discovery.from_environment(self.watcher)
 
@@ -213,9 +215,17 @@ def build_app(router: Router) -> FastAPI:
             router.metrics.held.labels(outcome).inc()
             if outcome != READY:
                 return not_woken(router.holder, router.engine, outcome)
+        only = None
+        states = router.picker.states.values()
+        if loras := adapters.known(states):  # an adapter goes only where it is loaded
+            model = adapters.model_of(body)
+            if model in loras:
+                only = adapters.groups_for(model, states)
+            elif model is not None and model not in router.model_names():
+                return unknown_model(model, [*router.model_names(), *loras])
         keys = (await router.kv.aware.keys_of(body) if router.kv is not None
                 else request_keys(router.affinity, body))
-        return await router.proxy.forward(request, path, body, prefix=keys)
+        return await router.proxy.forward(request, path, body, only=only, prefix=keys)
 
     async def metrics() -> bytes:
         router.refresh_gauges()
@@ -223,7 +233,9 @@ def build_app(router: Router) -> FastAPI:
 
     surface = Surface(
         forward=forward,
-        models=lambda: [(name, router.default_model or name) for name in router.model_names()],
+        models=lambda: adapters.model_cards(
+            {name: router.default_model or name for name in router.model_names()},
+            adapters.known(router.picker.states.values())),
         # Ready while it can hold requests for an engine scaled to zero: the Service must keep
         # sending them here, or nobody would ask for a group.
         unready=lambda: (None if router.picker.usable() or router.wakeable

@@ -23,3 +23,10 @@ def sse_error(status: int, message: str, kind: str) -> bytes:
 
 def no_group_message(why: str) -> str:
     return f"no engine group is ready: {why}"
+
+
+def unknown_model(model, available) -> JSONResponse:
+    """OpenAI's 404 for a model no group serves, naming the ones that are served."""
+    names = ", ".join(sorted(available)) or "none (no InferenceEngine has a ready group)"
+    return error_response(404, f"The model `{model}` does not exist. Available models: "
+                               f"{names}.", "NotFoundError")

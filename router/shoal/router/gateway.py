@@ -30,10 +30,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from shoal.contract import auth
 from shoal.contract.routing import DEFAULT_ROUTING, KV_AWARE, ROUTING_ENV
-from shoal.router import aggregate, k8s_discovery
+from shoal.router import adapters, aggregate, k8s_discovery
 from shoal.router.affinity import IMBALANCE, ROUTINGS, make_affinity, request_keys
 from shoal.router.app import Surface, background, common_app
-from shoal.router.errors import error_response
+from shoal.router.errors import error_response, unknown_model
 from shoal.router.fleet import Fleet
 from shoal.router.fleet_sources import ConfigMapsSource, DirectorySource
 from shoal.router.health import PROBE_INTERVAL_S, HealthProber
@@ -74,7 +74,8 @@ class Gateway:
             timeout=UPSTREAM_TIMEOUT,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=200))
         self.proxy = Proxy(self.picker, self.metrics, self.client)
-        self.prober = HealthProber(self.picker, self.client, probe_interval)
+        self.prober = HealthProber(self.picker, self.client, probe_interval,
+                                   api_key=api_keys[0] if api_keys else None)
         self.directory = (DirectorySource(discovery_dir, self.fleet, poll_interval)
                           if discovery_dir else None)
         self.api = None
@@ -114,12 +115,6 @@ class Gateway:
             yield
 
 
-def _unknown_model(model, models: dict[str, list[str]]) -> Response:
-    available = ", ".join(sorted(models)) or "none (no InferenceEngine has a ready group)"
-    return error_response(404, f"The model `{model}` does not exist. Available models: "
-                               f"{available}.", "NotFoundError")
-
-
 def build_gateway_app(gw: Gateway) -> FastAPI:
     async def forward(request: Request, path: str, body: bytes) -> Response:
         """To the groups of the body's `model`."""
@@ -138,8 +133,16 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
             return error_response(400, "the request names no `model`; available models: "
                                        f"{', '.join(sorted(models)) or 'none'}",
                                   "BadRequestError")
+        states = gw.picker.states.values()
         if model not in models:
-            return _unknown_model(model, models)
+            loras = adapters.known(states)
+            if model not in loras:
+                return unknown_model(model, [*models, *loras])
+            # A LoRA adapter: only the groups that have it loaded (adapters.py).
+            keys = (await gw.kv.aware.keys_of(body) if gw.kv is not None
+                    else request_keys(gw.affinity, body))
+            return await gw.proxy.forward(request, path, body,
+                                          only=adapters.groups_for(model, states), prefix=keys)
         if (engine := gw.fleet.to_wake(model)) is not None:  # scaled to zero: wait for it
             outcome = await gw.holder.wait(
                 engine, lambda: gw.picker.any_usable(only=gw.fleet.groups_of(model)))
@@ -164,7 +167,9 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         return gw.metrics.render() + fleet.encode()
 
     surface = Surface(forward=forward,
-                      models=lambda: [(name, name) for name in sorted(gw.fleet.models())],
+                      models=lambda: adapters.model_cards(
+                          {name: name for name in sorted(gw.fleet.models())},
+                          adapters.known(gw.picker.states.values())),
                       unready=gw.not_ready, metrics=metrics)
     app = common_app("shoal gateway", gw.lifespan, gw.api_keys, surface)
     app.state.gateway = gw

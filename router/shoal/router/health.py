@@ -1,8 +1,10 @@
 """Active health checks of the listed groups, so the router's /health (the frontend pod's
 readiness) says whether a group can serve before a client request finds out. A group whose
 /health refuses the connection or answers non-200 is put in cool-down; a 200 after the
-cool-down ran out marks it recovered. A kv-aware router also reads each healthy group's load
-gauges from its /metrics (engine_load.py)."""
+cool-down ran out marks it recovered. After a good /health the prober also reads what the
+engine serves: its LoRA adapters from /v1/models (adapters.py; with the router's first API key,
+as a client would), and from /metrics the adapters it runs (when it lists any) and, for a
+kv-aware router, its load gauges (engine_load.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import time
 
 import httpx
+from shoal.router import adapters
 from shoal.router.discovery import Group
 from shoal.router.engine_load import parse
 from shoal.router.picker import GroupPicker
@@ -23,10 +26,11 @@ PROBE_TIMEOUT_S = 2.0
 
 class HealthProber:
     def __init__(self, picker: GroupPicker, client: httpx.AsyncClient,
-                 interval: float = PROBE_INTERVAL_S) -> None:
+                 interval: float = PROBE_INTERVAL_S, api_key: str | None = None) -> None:
         self.picker = picker
         self.client = client
         self.interval = interval
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def probe(self, group: Group) -> None:
         try:
@@ -37,24 +41,34 @@ class HealthProber:
             return
         if resp.status_code == 200:
             self.picker.mark_ok(group)
-            if self.picker.kv is not None:
-                await self.read_load(group)
+            await self.read_engine(group)
         else:
             detail = resp.text[:200].strip() or "(empty body)"
             self.picker.mark_failed(group, f"/health answered {resp.status_code}: {detail}")
 
-    async def read_load(self, group: Group) -> None:
-        """kv-aware: the engine's own load gauges (engine_load.py) into its group's state; a
-        failed read leaves none (scored by the router's own count)."""
+    async def read_engine(self, group: Group) -> None:
+        """The group's adapters (None: not read) and, from one /metrics read, the adapters it
+        runs and (kv-aware) its load gauges; a failed read leaves none of them (a kv-aware
+        group is then scored by the router's own count)."""
         state = self.picker.states.get(group.key)
         if state is None:
             return
+        models = await self._get(group, "/v1/models", self.headers)
+        state.adapters = adapters.listed(models) if models is not None else None
+        if self.picker.kv is None and not state.adapters:
+            return
+        text = await self._get(group, "/metrics")
+        if self.picker.kv is not None:
+            state.engine = parse(text, time.monotonic()) if text is not None else None
+        state.resident = adapters.running(text) if text and state.adapters else frozenset()
+
+    async def _get(self, group: Group, path: str, headers: dict | None = None) -> str | None:
         try:
-            resp = await self.client.get(f"{group.url}/metrics", timeout=PROBE_TIMEOUT_S)
-            load = parse(resp.text, time.monotonic()) if resp.status_code == 200 else None
+            resp = await self.client.get(f"{group.url}{path}", headers=headers,
+                                         timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
-            load = None
-        state.engine = load
+            return None
+        return resp.text if resp.status_code == 200 else None
 
     async def probe_all(self) -> None:
         groups = [s.group for s in self.picker.states.values()]

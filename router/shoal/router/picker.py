@@ -39,6 +39,8 @@ class GroupState:
     cooldown_until: float = 0.0
     last_error: str | None = None
     engine: EngineLoad | None = None  # kv-aware: the engine's own gauges (engine_load.py)
+    adapters: dict[str, str] | None = None  # LoRA adapter -> parent (None: not read yet)
+    resident: frozenset[str] = frozenset()  # the adapters it runs now (adapters.py)
 
 
 class GroupPicker:

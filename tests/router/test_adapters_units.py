@@ -1,0 +1,64 @@
+"""adapters.py's readers fed by the engine's own renderings (its FrontendMetrics' lora gauge,
+vLLM's names), and the rule that picks an adapter's groups."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+from shoal.router import adapters
+from shoal.router.discovery import Group
+
+G = [Group(i, f"http://g{i}:8000") for i in range(3)]
+
+
+@dataclass
+class State:
+    group: Group
+    outstanding: int
+    adapters: dict | None
+    resident: frozenset = frozenset()
+
+
+def test_running_reads_the_newest_series_of_the_engines_own_gauge():
+    from shoal.engine.frontend.metrics import FrontendMetrics
+    from shoal.engine.wire import SchedulerStats
+
+    m = FrontendMetrics("tiny", max_loras=2)
+    m.record_step(SchedulerStats(running_lora_adapters={"a1": 2, "b": 1},
+                                 waiting_lora_adapters={"c": 1}), now=1.0)
+    assert adapters.running(m.render().decode()) == {"a1", "b"}
+    m.record_step(SchedulerStats(running_lora_adapters={}, waiting_lora_adapters={}), now=2.0)
+    assert adapters.running(m.render().decode()) == frozenset()
+    assert adapters.running("vllm:num_requests_running 1\n") == frozenset()
+
+
+def test_listed_takes_the_cards_with_a_parent():
+    body = {"object": "list", "data": [
+        {"id": "tiny", "parent": None, "root": "/m"},
+        {"id": "a1", "parent": "tiny", "root": "/a1"}]}
+    assert adapters.listed(json.dumps(body)) == {"a1": "tiny"}
+    assert adapters.listed("not json") is None and adapters.listed("{}") is None
+
+
+@pytest.mark.parametrize("name, states, expected", [
+    ("only the groups that list it", [State(G[0], 5, {"a": "m"}), State(G[1], 0, {}),
+                                       State(G[2], 0, None)], {0}),
+    ("those running it, when within the bound", [State(G[0], 3, {"a": "m"}, frozenset({"a"})),
+                                                  State(G[1], 0, {"a": "m"})], {0}),
+    ("all that list it, when the warm one is too busy",
+     [State(G[0], 9, {"a": "m"}, frozenset({"a"})), State(G[1], 0, {"a": "m"})], {0, 1}),
+    ("none lists it", [State(G[0], 0, {"b": "m"}), State(G[1], 0, None)], set()),
+])
+def test_groups_for(name, states, expected):
+    assert adapters.groups_for("a", states) == {G[i].key for i in expected}, name
+
+
+def test_model_of_and_known():
+    assert adapters.model_of(b'{"model": "a", "prompt": "x"}') == "a"
+    assert adapters.model_of(b"[1]") is None and adapters.model_of(b"{") is None
+    states = [State(G[0], 0, {"a": "m"}), State(G[1], 0, None)]
+    assert adapters.known(states) == {"a": "m"}
+    assert adapters.model_cards({"m": "/path"}, {"a": "m"}) == [("m", "/path", None),
+                                                                ("a", "a", "m")]
