@@ -91,10 +91,10 @@ class Clients:
                 self.failed.append(f"{type(e).__name__}: {str(e)[:80]}")
 
 
-def rank0_load(c: Cluster, ns: str) -> float | None:
+def rank0_load(c: Cluster, ns: str, name: str) -> float | None:
     """running + waiting over the Ready rank-0 pods (their /metrics), None if one is silent."""
     total = 0.0
-    for p in pods(c, ns, ENGINE):
+    for p in pods(c, ns, f"shoal.dev/engine={name},{ENGINE}"):
         ready = any(x["type"] == "Ready" and x["status"] == "True"
                     for x in p["status"].get("conditions") or [])
         if not ready or p["metadata"]["labels"].get("shoal.dev/rank") != "0":
@@ -116,7 +116,7 @@ def queue_rule(c: Cluster, ns: str, name: str, stop: threading.Event) -> None:
     only after it was lower for DOWN_S (HPA's scale-down stabilization)."""
     current, low_since = 1, None
     while not stop.wait(15):
-        load = rank0_load(c, ns)
+        load = rank0_load(c, ns, name)
         if load is None:
             continue
         want = min(MAX, max(1, math.ceil(load / TARGET)))
