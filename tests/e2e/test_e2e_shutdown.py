@@ -53,7 +53,7 @@ def test_scale_down_drains_then_delete_drains(cluster, new_ns):
 
     # Streams long enough to outlive the scale-down's first steps (ignore_eos: all max_tokens;
     # max_model_len 2048).
-    streams = _streams(url, 4, max_tokens=1800)
+    streams = _streams(url, 4, max_tokens=1000)
     m = frontend_metrics(cluster, ns, name)
     on_g1 = group_metric(m, "shoal_router_outstanding_requests", 1)
     done_g1 = group_metric(m, "shoal_router_requests_total", 1)
@@ -83,7 +83,7 @@ def test_scale_down_drains_then_delete_drains(cluster, new_ns):
     # and 29 annotation patches, the message carried elapsed seconds and kopf retried each 1 s).
     writes = WatchLog.custom(cluster.api_client(), "shoal.dev", "v1alpha1", ns,
                              "inferenceengines").start()
-    streams = _streams(url, 2, max_tokens=1500)
+    streams = _streams(url, 2, max_tokens=800)
     cluster.kubectl("delete", "ie", name, "-n", ns, "--wait=false")
     t_delete = time.monotonic()
     for s in streams:
