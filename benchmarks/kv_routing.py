@@ -7,10 +7,9 @@ Workload, shaped like llm-d's multi-tenant shared-prefix benchmark and scaled to
 per tenant, each asking `--turns` short questions of their own (`--query-chars`); every
 request is a streamed `/v1/completions` of context + question with `--max-tokens` output tokens
 (ignore_eos), in a seeded shuffled order, sent open loop at `--rates` requests/s (Poisson
-arrivals: a slow router is not given time back). Completions, not chats: vllm-router cannot
-tokenize a chat against a Shoal engine (its `/tokenize` body carries continue_final_message,
-which Shoal's /tokenize refuses; tests/router/test_kv_peer_routers.py), so chats would measure
-that gap rather than its policy.
+arrivals: a slow router is not given time back). Completions, as in the tables so far (since
+Shoal's /tokenize takes vllm-router's `continue_final_message: false`, chats route by their
+cached prefix there too: tests/router/test_kv_peer_routers.py).
 
 Every (policy, rate) cell starts `--groups` fresh `shoal serve` groups (empty caches; KV events
 on, the same for every policy) of `--kv` KV cache each, sized so that the tenants' contexts are
