@@ -11,7 +11,9 @@ import threading
 import time
 
 import pytest
-from e2e_helpers import (
+from support.wait import wait_for
+
+from e2e.e2e_helpers import (
     MODEL,
     Stream,
     client,
@@ -25,7 +27,6 @@ from e2e_helpers import (
     status,
     wait_ready,
 )
-from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 NAME = "auto"

@@ -127,6 +127,12 @@ CASES = [
                 Step(75, 0, 1), Step(134, 0, 1), Step(135, 0, 0, direction="Down"),
                 Step(150, {}, 0, ready=set())],
          reason="scaled to zero"),
+    Case("a window left from before the last scale (found on pods: a status that kept it) "
+         "starts again: 1 -> 0 after the full delay, never a '1 -> 1' scale",
+         spec(lo=0), start=1,
+         memory={"downSince": iso(at(-100)), "downTo": 1, "lastScaleTime": iso(at(-50)),
+                 "lastScaleDirection": "Down"},
+         steps=[Step(0, 0, 1), Step(59, 0, 1), Step(60, 0, 0, direction="Down")]),
     Case("minReplicas 0 with a little load keeps one group", spec(lo=0), start=2,
          steps=[Step(0, 1, 2), Step(60, 1, 1, direction="Down"), Step(200, 1, 1)]),
     Case("at zero a wake request older than the scale-down is spent; a newer one starts a group",
@@ -170,6 +176,7 @@ def test_decide(case: Case):
         got.append((s.t, d.desired, d.direction))
         memory, reason = d.memory, d.reason
         assert d.memory["desiredGroups"] == d.desired
+        assert d.direction is None or d.desired != d.current, "a scale that changes nothing"
     assert got == [(s.t, s.want, s.direction) for s in case.steps]
     assert case.reason in reason
 

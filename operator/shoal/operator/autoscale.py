@@ -207,6 +207,10 @@ class _Decider:
         since = parse_time(self.mem.get(mine[0])) or self.now
         seen = self.mem.get(mine[1])
         to = need if seen is None else (min if up else max)(int(seen), need)
+        if (to <= current) if up else (to >= current):
+            # What the window saw does not move the count (a window left from before the last
+            # scale, or a need that came back): it starts again from this need.
+            since, to = self.now, need
         self.mem.update({mine[0]: iso(since), mine[1]: to})
         wait = (self.a.scale_up_stabilization_seconds if up
                 else self.a.scale_down_delay_seconds)

@@ -184,6 +184,11 @@ class Reconciler:
             patch = dict(status)
             if dropped:  # spec.autoscaling removed: merge-patch the block away
                 patch["autoscaling"] = None
+            elif old.get("autoscaling") and "autoscaling" in status:
+                # merge-patch: a key the decision dropped (a closed window) must go too, or the
+                # next pass reads it back (found on pods: a 3 -> 1 window kept saying "1 -> 1")
+                patch["autoscaling"] = ({k: None for k in old["autoscaling"]}
+                                        | status["autoscaling"])
             if old.get("lastFailure") and p.last_failure:  # merge-patch: clear stale keys
                 patch["lastFailure"] = {k: None for k in old["lastFailure"]} | p.last_failure
             self.kube.patch(L.API_VERSION, L.PLURAL, ref.namespace, ref.name, {"status": patch},
