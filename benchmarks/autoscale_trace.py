@@ -3,8 +3,9 @@ cluster (docs/cluster.md), three ways: a fixed `maxReplicas` groups; the operato
 autoscaler (`spec.autoscaling`, minReplicas 0: the trace starts at zero); and a queue-depth rule
 of the kind users write for KEDA (desired = ceil((running + waiting) / target), at least 1,
 from the same rank-0 /metrics every 15 s, scale-down after the same delay), run here as a loop
-that sets `spec.replicas`. Prints a markdown table: replica-seconds (engine pods that exist,
-starting ones included, sampled each second), TTFT p50/p90 of the trace's streamed requests,
+that sets `spec.replicas`. Prints a markdown table: replica-seconds (groups with an engine pod,
+starting ones included, sampled about once a second, each sample weighted by its interval),
+TTFT p50/p90 of the trace's streamed requests,
 failed requests (429/503 and errors), scale events and direction changes, and the first token
 from zero.
 
@@ -149,12 +150,15 @@ def run_mode(c: Cluster, ns: str, mode: str) -> dict:
     if mode == "queue":
         rule.start()
     counts: list[int] = []
+    replica_s, last = 0.0, time.monotonic()
     clients.run()
     total = sum(s for _, s, _, _ in TRACE)
     while time.monotonic() - clients.t0 < total:
         counts.append(len({p["metadata"]["labels"]["shoal.dev/group"]
                            for p in pods(c, ns, f"shoal.dev/engine={name},{ENGINE}")}))
         time.sleep(1)
+        now = time.monotonic()
+        replica_s, last = replica_s + counts[-1] * (now - last), now
     clients.stop.set()
     stop.set()
     for th in clients.threads:
@@ -164,7 +168,7 @@ def run_mode(c: Cluster, ns: str, mode: str) -> dict:
     st = status(c, ns, name)
     c.kubectl("delete", "ie", name, "-n", ns, "--wait=false")
     q = statistics.quantiles(clients.ttft, n=10) if len(clients.ttft) > 1 else [0] * 9
-    return {"mode": mode, "replica_s": sum(counts), "requests": len(clients.ttft),
+    return {"mode": mode, "replica_s": round(replica_s), "requests": len(clients.ttft),
             "ttft_p50": statistics.median(clients.ttft) if clients.ttft else 0, "ttft_p90": q[8],
             "failed": len(clients.failed), "failures": sorted(set(clients.failed))[:3],
             "scale_events": len(changes), "direction_changes": turns,
