@@ -78,13 +78,18 @@ class Clients:
                 continue
             sent = time.monotonic()
             try:
-                first = None
+                first, finish = None, None
+                # ignore_eos: every request streams 32 tokens (a sampled EOS first would end
+                # one with no text, which is not a failure of the routing)
                 for chunk in oai.completions.create(model=MODEL, prompt=f"Client {i} says",
-                                                    max_tokens=32, stream=True):
+                                                    max_tokens=32, stream=True,
+                                                    extra_body={"ignore_eos": True}):
                     if first is None and chunk.choices and chunk.choices[0].text:
                         first = time.monotonic() - sent
-                if first is None:
-                    raise RuntimeError("no token")
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        finish = chunk.choices[0].finish_reason
+                if first is None or finish != "length":
+                    raise RuntimeError(f"no token or cut short (finish_reason {finish})")
                 self.ttft.append(first)
                 if self.first_from_zero is None:
                     self.first_from_zero = first
