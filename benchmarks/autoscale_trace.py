@@ -20,19 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import threading
 import time
 import urllib.request
 
+from bench_cluster import local_cluster
 from e2e.e2e_helpers import MODEL, client, create, pods, service_url, status, wait_ready
 from shoal.devcluster import cluster as devcluster
-from shoal.devcluster import demo
 from support.cluster import Cluster
-from support.k8s_tools import ensure_k8s_tools
-from support.models import ensure_model
 from support.wait import wait_for
 
 MAX = 3
@@ -185,12 +182,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="fixed,auto,queue")
     args = ap.parse_args()
-    was_running = devcluster.running_state() is not None
-    state = devcluster.start()
-    demo.install_model(ensure_model("shoal-tiny", "tiny"))
-    tools = ensure_k8s_tools()
-    demo.install_operator(demo.Kube(state["kubeconfig"], tools.kubectl, tools.helm))
-    c = Cluster(state, was_running)
+    c = local_cluster()
     ns = c.new_namespace("bench-trace")
     rows = []
     try:
@@ -199,12 +191,11 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     finally:
         c.kubectl("delete", "ns", ns, "--wait=false", check=False)
-        if not was_running:
+        if not c.reused:
             devcluster.stop()
-    flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo")
-                  if ln.startswith("flags")), [])
-    print(f"\n{platform.processor() or platform.machine()}, "
-          f"{len(flags)} CPU flags incl. {' '.join(f for f in flags if f.startswith('avx'))}")
+    from prefix_routing import cpu_flags  # the benchmarks' one CPU description
+
+    print("\n" + cpu_flags())
     print("trace: " + ", ".join(f"{p} {s}s ({a}->{b} clients)" for p, s, a, b in TRACE))
     print("\n| rule | replica-seconds | requests | TTFT p50 (s) | TTFT p90 (s) | failed | "
           "scale events | direction changes | first token from zero (s) |\n"

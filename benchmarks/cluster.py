@@ -18,13 +18,12 @@ import threading
 import time
 from pathlib import Path
 
+from bench_cluster import local_cluster
 from e2e.e2e_helpers import Stream, completes, create, service_url, status, wait_ready
-from shoal.devcluster import clean, demo
+from shoal.devcluster import clean
 from shoal.devcluster import cluster as devcluster
 from shoal.devcluster.node import CGROUP_FS
 from support.cluster import Cluster
-from support.k8s_tools import ensure_k8s_tools
-from support.models import ensure_model
 from support.wait import wait_for
 
 KILL = ("import os, signal\n"
@@ -83,15 +82,10 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     args = ap.parse_args()
     rows: list[tuple[str, str]] = []
-    was_running = devcluster.running_state() is not None
     t0 = time.monotonic()
-    state = devcluster.start()
-    rows.append(("cluster start (this run)", f"{time.monotonic() - t0:.0f} s"
-                 + (" (already running)" if was_running else "")))
-    demo.install_model(ensure_model("shoal-tiny", "tiny"))
-    tools = ensure_k8s_tools()
-    demo.install_operator(demo.Kube(state["kubeconfig"], tools.kubectl, tools.helm))
-    c = Cluster(state, was_running)
+    c = local_cluster()
+    rows.append(("cluster start and operator install (this run)",
+                 f"{time.monotonic() - t0:.0f} s" + (" (already running)" if c.reused else "")))
     ns = c.new_namespace("bench")
     try:
         mem = pss_mib()
@@ -150,7 +144,7 @@ def main() -> int:
                      f"{time.monotonic() - t:.1f} s"))
     finally:
         c.kubectl("delete", "ns", ns, "--wait=false", check=False)
-        if not was_running and not args.keep:
+        if not c.reused and not args.keep:
             devcluster.stop()
     print("\n| measurement | value |\n|---|---|")
     for k, v in rows:

@@ -25,14 +25,13 @@ import sys
 import time
 import uuid
 
+from bench_cluster import local_cluster
 from e2e.e2e_helpers import completes, condition_time, create, iso_seconds, service_url, wait_ready
 from shoal.devcluster import cluster as devcluster
-from shoal.devcluster import demo, images
+from shoal.devcluster import images
 from shoal.devcluster.layout import MODEL_HOST_DIR, VAR_DIR
 from support import hub_pod
 from support.cluster import Cluster
-from support.k8s_tools import ensure_k8s_tools
-from support.models import ensure_model
 from support.wait import wait_for
 
 REPO = f"{hub_pod.ORG}/shoal-tiny"
@@ -112,12 +111,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave a cluster this run started up")
     ap.add_argument("--skip-groups", action="store_true", help="skip the 2 x 2 download count")
     args = ap.parse_args()
-    was_running = devcluster.running_state() is not None
-    state = devcluster.start()
-    demo.install_model(ensure_model("shoal-tiny", "tiny"))
-    tools = ensure_k8s_tools()
-    demo.install_operator(demo.Kube(state["kubeconfig"], tools.kubectl, tools.helm))
-    c = Cluster(state, was_running)
+    c = local_cluster()
     ns = c.new_namespace("bench-cold")
     cache = VAR_DIR / f"bench-model-cache-{uuid.uuid4().hex[:6]}"
     cache.mkdir(parents=True)
@@ -167,7 +161,7 @@ def main() -> int:
         c.kubectl("delete", "ns", ns, "--wait=false", check=False)
         c.kubectl("delete", "pv", f"{ns}-models", "--wait=false", check=False)
         shutil.rmtree(cache, ignore_errors=True)
-        if not was_running and not args.keep:
+        if not c.reused and not args.keep:
             devcluster.stop()
     from prefix_routing import cpu_flags  # the benchmarks' one CPU description
 
