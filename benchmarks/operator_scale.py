@@ -35,29 +35,16 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 from kubernetes import client
 from shoal.devcluster.control_plane import ControlPlane
-from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
+from support import crds
 from support.kubelet import bind, finish_deletion, ready_frontends, set_ready, set_terminated
 from support.net import free_port
 from support.watch_log import WatchLog
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _install_crd(kube: Kube) -> None:
-    url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    manifest = yaml.safe_load(crd.render_yaml())
-    have = kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions", None, crd.CRD_NAME)
-    if have:
-        manifest["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
-        kube.request("PUT", f"{url}/{crd.CRD_NAME}", body=manifest)
-    else:
-        kube.request("POST", url, body=manifest)
-    _until(lambda: "inferenceengines" in kube.resources(L.API_VERSION), 60, "the CRD to be served")
 
 
 def _until(pred, timeout: float, what: str, interval: float = 0.25):
@@ -149,7 +136,7 @@ def run(
     from kubernetes import config
 
     kube = Kube(config.new_client_from_config(config_file=kubeconfig))
-    _install_crd(kube)
+    crds.install(kube)
     ns = f"bench-{os.getpid()}"
     kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     stats = Path(tempfile.mkdtemp()) / "operator-stats.json"

@@ -8,11 +8,9 @@ restart test starts and stops itself; `opi-*` by nobody (in-process reconciler t
 from __future__ import annotations
 
 import pytest
-import yaml
 from kubernetes import client
-from shoal.operator import crd
-from shoal.operator import labels as L
 from shoal.operator.kube import Kube
+from support import crds
 from support.builders import engine
 from support.engine_api import cleanup_namespace, create_ie, pods
 from support.operator_proc import OperatorProcess
@@ -32,25 +30,8 @@ def core(kube) -> client.CoreV1Api:
 
 @pytest.fixture(scope="session")
 def crd_installed(kube) -> dict:
-    """Install (or update) the generated CRD and wait until the server serves it."""
-    manifest = yaml.safe_load(crd.render_yaml())
-    existing = kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions", None, crd.CRD_NAME)
-    url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    if existing is None:
-        kube.request("POST", url, body=manifest)
-    else:
-        manifest["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-        kube.request("PUT", f"{url}/{crd.CRD_NAME}", body=manifest)
-
-    def established():
-        got = kube.request("GET", f"{url}/{crd.CRD_NAME}")
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (got.get("status") or {}).get("conditions") or [])
-
-    wait_for(established, timeout=30, what="the InferenceEngine CRD to be established")
-    wait_for(lambda: "inferenceengines" in kube.resources(L.API_VERSION), timeout=30,
-             what="discovery to serve inferenceengines")
-    return manifest
+    """Install (or update) the generated CRDs and wait until the server serves them."""
+    return crds.install(kube)
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import yaml
 from kubernetes import client
 from router_helpers import GatewayProcess
-from shoal.operator import crd
 from shoal.operator import labels as L
 from shoal.operator.kube import Kube
-from support import kubelet
+from support import crds, kubelet
 from support.builders import engine
 from support.engine_api import cleanup_namespace, create_ie, pods
 from support.operator_proc import OperatorProcess
@@ -23,28 +21,10 @@ from support.wait import wait_for
 pytestmark = pytest.mark.k8s
 
 
-def _install_crd(kube: Kube) -> None:
-    manifest = yaml.safe_load(crd.render_yaml())
-    url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    existing = kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions", None,
-                        crd.CRD_NAME)
-    if existing is None:
-        kube.request("POST", url, body=manifest)
-
-    def established():
-        got = kube.request("GET", f"{url}/{crd.CRD_NAME}")
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (got.get("status") or {}).get("conditions") or [])
-
-    wait_for(established, 30, what="the InferenceEngine CRD to be established", interval=0.2)
-    wait_for(lambda: "inferenceengines" in kube.resources(L.API_VERSION), 30,
-             what="the API server to serve inferenceengines", interval=0.2)
-
-
 @pytest.fixture
 def setup(control_plane, tmp_path):
     kube = Kube(control_plane.api_client())
-    _install_crd(kube)
+    crds.install(kube)
     # The namespace first: the operator then finds it in its first listing.
     ns = control_plane.new_namespace("gwk")
     op = OperatorProcess(control_plane, "gwk-*", tmp_path / "operator.log").start()

@@ -18,6 +18,17 @@ cluster-scoped rules always need the ClusterRole.
 - apiGroups: ["shoal.dev"]
   resources: ["inferenceengines/finalizers"]
   verbs: ["update"]
+# InferenceAdapters: watched, their finalizer (unload before delete), their status.
+- apiGroups: ["shoal.dev"]
+  resources: ["inferenceadapters"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["shoal.dev"]
+  resources: ["inferenceadapters/status"]
+  verbs: ["patch"]
+# The frontends' API key from its Secret, sent by the adapter probe through the Service.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 # Engine pods are owned directly: listed, watched, created and deleted (never updated).
 - apiGroups: [""]
   resources: ["pods"]

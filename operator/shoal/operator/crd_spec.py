@@ -252,6 +252,31 @@ def _shutdown() -> dict:
     )
 
 
+def _lora() -> dict:
+    return obj(
+        "lora makes the engines serve LoRA adapters: every rank gets vLLM's `--enable-lora` and "
+        "the limits below, and rank 0 answers `/v1/load_lora_adapter` "
+        "(`VLLM_ALLOW_RUNTIME_LORA_UPDATING=true`). Adapters are InferenceAdapter objects that "
+        "name this engine: the operator loads each on every group, on a new or restarted group "
+        "before it counts as Ready. Adding, changing or removing this block rolls the groups. "
+        "Example: `{maxLoras: 8, maxLoraRank: 64}`. Default: none (no adapters).",
+        {
+            "maxLoras": _int("maxLoras is how many adapters a batch may mix (their weights on "
+                             "the device; idle ones are evicted least recently used), vLLM's "
+                             "`--max-loras`. Example: `8`. Default: `1`.", "lora.maxLoras", 1,
+                             256),
+            "maxLoraRank": _int("maxLoraRank is the highest adapter rank the engines accept "
+                                "(`--max-lora-rank`); an adapter above it fails to load, named "
+                                "in its status. Example: `64`. Default: `16`.",
+                                "lora.maxLoraRank", 1, 512),
+            "maxCpuLoras": typed("integer", "maxCpuLoras is how many adapters are kept in host "
+                                 "memory (`--max-cpu-loras`), at least `maxLoras`. Example: "
+                                 "`32`. Default: vLLM's (`maxLoras`).", minimum=1,
+                                 maximum=4096, format="int32"),
+        },
+    )
+
+
 def _autoscaling() -> dict:
     m = AutoscaleMetric
     one_target = [{"required": [t.value]} for t in m]
@@ -372,6 +397,7 @@ def spec_schema() -> dict:
         "shutdown": _shutdown(),
         "restartPolicy": _restart_policy(),
         "autoscaling": _autoscaling(),
+        "lora": _lora(),
     }
     return obj("spec is the desired state: which model to serve, how many engine groups, how "
                "each group is split over ranks, and how engines stop and restart.",

@@ -19,12 +19,14 @@ schema prunes unknown status fields, so kopf's default `status.kopf` would not p
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 
 import kopf
+from shoal.operator import adapter_pass, events, pod_index
 from shoal.operator import labels as L
-from shoal.operator import pod_index
+from shoal.operator.adapter_spec import Adapter
 from shoal.operator.kube import Kube
 from shoal.operator.operator_state import OperatorState
 
@@ -65,10 +67,19 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_):
              memo.shoal.reconciler.pdb_api_version(), memo.shoal.settings)
 
 
+@kopf.index(L.GROUP, L.VERSION, L.ADAPTER_PLURAL)
+def adapters_by_engine(namespace, spec, body, **_):
+    """InferenceAdapters by (namespace, engine): an engine's pass reads them here."""
+    key = adapter_pass.index_key(namespace, spec)
+    return {key: copy.deepcopy({"metadata": dict(body["metadata"]), "spec": dict(spec),
+                                "status": dict(body.get("status") or {})})} if key else None
+
+
 @kopf.on.startup()
 async def bind_drain_probes(memo: kopf.Memo, **_):
-    """Drain probes run on kopf's event loop (async, each read bounded by a 1 s timeout)."""
+    """Drain probes and the adapter sync run on kopf's event loop (async, each call bounded)."""
     memo.shoal.drain_probes.bind(asyncio.get_running_loop())
+    memo.shoal.adapter_sync.bind(asyncio.get_running_loop())
 
 
 @kopf.on.cleanup()
@@ -154,3 +165,33 @@ async def on_delete(body, memo: kopf.Memo, **kw):
                                       delay=1) from None
     finally:
         state.forget_stop_waiter(meta["uid"])
+
+
+# ---- InferenceAdapter: its engine's pass does the work ---------------------------------------
+
+@kopf.on.resume(L.GROUP, L.VERSION, L.ADAPTER_PLURAL)
+@kopf.on.create(L.GROUP, L.VERSION, L.ADAPTER_PLURAL)
+@kopf.on.update(L.GROUP, L.VERSION, L.ADAPTER_PLURAL, field="spec")
+def on_adapter(body, memo: kopf.Memo, **kw):
+    """Its engine's pass loads it and writes its status; with no such engine, say so."""
+    state = _state(memo, kw)
+    adapter = Adapter.of(body)
+    engine = state.reconciler.kube.get(L.API_VERSION, L.PLURAL, adapter.ref.namespace,
+                                       adapter.engine) if adapter.engine else None
+    if engine is None:
+        state.adapter_engine_missing(adapter)
+        return
+    state.run_pass(_ref_body(adapter.ref.namespace, adapter.engine))
+
+
+@kopf.on.delete(L.GROUP, L.VERSION, L.ADAPTER_PLURAL)
+async def on_adapter_delete(body, memo: kopf.Memo, **kw):
+    """Unload it from every group of its engine before the finalizer goes. A group that does
+    not answer is reported in an Event and does not hold the delete: a group that restarts
+    comes back without it anyway."""
+    state = _state(memo, kw)
+    adapter = Adapter.of(body)
+    errors = await state.adapter_sync.unload(adapter.ref.namespace, adapter.engine, adapter.name)
+    if errors:
+        events.emit(state.reconciler.kube, adapter.ref, events.WARNING, "UnloadFailed",
+                    "; ".join(errors))

@@ -69,3 +69,8 @@ def endpoint_url(name: str, namespace: str) -> str:
 
 # Pod names become hostnames (63 chars): "<name>-g<group>-r<rank>" must fit.
 MAX_NAME_LENGTH = 45
+
+
+# The InferenceAdapter kind (adapter_spec.py), in the same API group and version.
+ADAPTER_KIND = "InferenceAdapter"
+ADAPTER_PLURAL = "inferenceadapters"

@@ -61,6 +61,9 @@ class Observed:
     samples: Mapping | None = None
     wake: str | None = None
     hpas: object | None = None
+    # group -> the InferenceAdapters its rank 0 has not answered for yet (adapter_pass.py): a
+    # group that was not Ready stays Starting (LoadingAdapters) until each is loaded or refused
+    adapters_pending: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class PassState:
     in_flight: dict = field(default_factory=dict)  # group -> rank 0's requests in flight (draining)
     drain_probes: dict = field(default_factory=dict)  # group -> rank 0's /metrics URL to read
     fetch_logs: Mapping = field(default_factory=dict)  # group -> rank -> model-fetch log tail
+    adapters_pending: Mapping = field(default_factory=dict)  # group -> adapters not answered yet
 
     def act(self, action: Action) -> None:
         self.actions.append(action)

@@ -1,8 +1,8 @@
-"""What the running operator holds between handler calls: the reconciler, the pod index it
-reads, the drain probes, the planned wake-ups, the waiters of delete handlers and the stats
-file. One `OperatorState` is made by the startup handler and kept in kopf's root `memo`
-(`memo.shoal`); kopf gives every resource handler a shallow copy of that memo, so all of them
-reach the same object, and nothing lives in module globals.
+"""What the running operator holds between handler calls: the reconciler, the pod and adapter
+indices it reads, the drain probes, the adapter sync, the planned wake-ups, the waiters of
+delete handlers and the stats file. One `OperatorState` is made by the startup handler and kept
+in kopf's root `memo` (`memo.shoal`); kopf gives every resource handler a shallow copy of that
+memo, so all of them reach the same object, and nothing lives in module globals.
 
 `run_pass` is the one way a pass runs in the operator (handlers, wake-ups, drain probes): after
 each pass it plans the next look, follows the drain probes, wakes a delete handler whose
@@ -19,9 +19,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shoal.operator import pod_index, settings
+from shoal.operator import adapter_pass, pod_index, settings
+from shoal.operator.adapter_sync import AdapterSync
 from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
+from shoal.operator.observed import iso
 from shoal.operator.reconcile import Outcome, Reconciler, listed_pods
 from shoal.operator.wakeups import Wakeups
 
@@ -84,19 +86,24 @@ class OperatorState:
     def __init__(self, kube: Kube):
         self.pods = pod_index.PodIndex(listed_pods(kube))
         self.drain_probes = DrainProbes(on_change=lambda key: self.wakeups.schedule(key, 0))
+        self.adapter_sync = AdapterSync(on_change=lambda key: self.wakeups.schedule(key, 0))
+        self.adapters = adapter_pass.AdapterIndex(adapter_pass.listed_adapters(kube))
         self.wakeups = Wakeups(lambda key: self.run_pass(
             {"metadata": {"namespace": key[0], "name": key[1]}}))
         self.settings = settings.from_env(server_version_info(kube))
         self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts,
-                                     settings=self.settings)
+                                     settings=self.settings, adapters=self.adapters,
+                                     adapter_sync=self.adapter_sync)
         self.stats = StatsFile(kube, os.environ.get(STATS_ENV))
         self._stop_waiters: dict[str, StopWaiter] = {}  # uid -> its delete handler's waiter
         self._waiters_lock = threading.Lock()
 
     def attach(self, handler_kwargs: dict) -> None:
-        """Hand kopf's pod index to the reconciler (kopf passes indices to handlers only)."""
+        """Hand kopf's indices to the reconciler (kopf passes indices to handlers only)."""
         if handler_kwargs.get(pod_index.INDEX) is not None:
             self.pods.attach(handler_kwargs[pod_index.INDEX])
+        if handler_kwargs.get(adapter_pass.INDEX) is not None:
+            self.adapters.attach(handler_kwargs[adapter_pass.INDEX])
 
     def run_pass(self, body: dict) -> Outcome:
         outcome = self.reconciler.reconcile(body)
@@ -112,6 +119,9 @@ class OperatorState:
                 waiter.set()
         self.stats.maybe_write()
         return outcome
+
+    def adapter_engine_missing(self, adapter) -> None:
+        self.reconciler.adapters.engine_missing(adapter, iso(self.reconciler.clock()))
 
     def stop_waiter(self, uid: str) -> StopWaiter:
         """Register (before the handler's first pass, so no pass is missed) the event that the

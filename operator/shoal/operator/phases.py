@@ -52,6 +52,7 @@ class GroupStage(WireEnum):
     FETCHING_MODEL = "FetchingModel"  # a rank's model-fetch init container downloads (hf://)
     RESTARTING = "Restarting"  # a rank's container is waiting to start again (CrashLoopBackOff)
     LOADING = "Loading"  # every container runs; rank 0's /health is not ok yet
+    LOADING_ADAPTERS = "LoadingAdapters"  # every rank Ready; the InferenceAdapters load first
     READY = "Ready"  # every rank Ready
 
 
@@ -69,3 +70,19 @@ class ConditionType(WireEnum):
     PROGRESSING = "Progressing"  # groups starting, rolling or draining
     DEGRADED = "Degraded"  # a group failed or backing off
     ENGINE_DEAD = "EngineDead"  # the last engine death and its cause
+
+
+class AdapterPhase(WireEnum):
+    """status.phase of an InferenceAdapter (adapter_status.py)."""
+
+    PENDING = "Pending"  # waiting: no engine, no spec.lora, the source not mounted, no group yet
+    LOADING = "Loading"  # loaded on fewer than every serving group, or not yet probed
+    READY = "Ready"  # a request for it through the frontend Service succeeded
+    FAILED = "Failed"  # the engine refused it for good (rank, modules, base): fix the adapter
+
+
+class AdapterCondition(WireEnum):
+    """status.conditions[].type of an InferenceAdapter."""
+
+    LOADED = "Loaded"  # on every serving group of its engine
+    READY = "Ready"  # a probe through the frontend Service for its name succeeded

@@ -93,7 +93,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
     st = PassState(ref=observed.ref, spec=spec, now=now, last_failure=memory.last_failure,
                    restart_count=memory.restart_count, deleting=deleting,
                    in_flight=dict(observed.in_flight), serving=serving,
-                   fetch_logs=observed.fetch_logs)
+                   fetch_logs=observed.fetch_logs, adapters_pending=observed.adapters_pending)
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
     if decision is not None:
         if decision.event:
@@ -210,6 +210,15 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     """A complete, live group: Ready, or Starting with what each rank waits for."""
     nodes = st.spec.nodes_per_group
     mem["revision"] = revision_of(pods) or st.spec.revision
+    pending = st.adapters_pending.get(g)
+    if pending and mem.get("phase") != GroupPhase.READY and all(
+            pod_ready(p) for p in pods.values()):
+        # a new or restarted group serves its adapters from its first request (a Ready group
+        # is never taken out of the discovery list for an adapter added later)
+        mem.update(phase=GroupPhase.STARTING, stage=GroupStage.LOADING_ADAPTERS,
+                   message=f"all {nodes} ranks ready; loading adapters {', '.join(pending)}")
+        mem.pop("readySince", None)
+        return mem
     if all(pod_ready(p) for p in pods.values()):
         if mem.get("phase") != GroupPhase.READY:
             mem["readySince"] = iso(st.now)

@@ -20,6 +20,17 @@ RULES: list[dict] = [
     {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/status"], "verbs": ["patch"]},
     # Owner references with blockOwnerDeletion need update on the owner's finalizers.
     {"apiGroups": ["shoal.dev"], "resources": ["inferenceengines/finalizers"], "verbs": ["update"]},
+    # InferenceAdapters: watched (kopf), their finalizer (unload before delete), their status
+    # (adapter_pass.py).
+    {
+        "apiGroups": ["shoal.dev"],
+        "resources": ["inferenceadapters"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    {"apiGroups": ["shoal.dev"], "resources": ["inferenceadapters/status"], "verbs": ["patch"]},
+    # The frontends' API key, where spec.frontend.template takes it from a Secret: the adapter
+    # probe through the Service sends it (adapter_pass.py). Read, never listed.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     # Engine pods are owned directly: listed and watched, created, deleted (never updated).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
     # The tail of a running `model-fetch` init container's log: its download progress, shown

@@ -17,12 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shoal.contract import discovery
 from shoal.contract.model_fetch import FETCH_CONTAINER
 from shoal.operator import fetch_progress
 from shoal.operator import labels as L
+from shoal.operator.adapter_pass import AdapterPass, AdapterSource
+from shoal.operator.adapter_sync import AdapterSync
 from shoal.operator.apply import Applier
 from shoal.operator.autoscale_hpa import HPALister, HPAs
 from shoal.operator.autoscale_scrape import Scrape, Scraper
@@ -67,7 +69,8 @@ class Reconciler:
     def __init__(self, kube: Kube, *, clock=None, pdb_api_version: str | None | bool = True,
                  pods: PodSource | None = None, in_flight: InFlight | None = None,
                  settings: OperatorSettings | None = None, scrape: Scrape | None = None,
-                 hpas: HPASource | None = None):
+                 hpas: HPASource | None = None, adapters: AdapterSource | None = None,
+                 adapter_sync: AdapterSync | None = None):
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
@@ -76,6 +79,7 @@ class Reconciler:
         self.in_flight = in_flight or (lambda namespace, name: {})
         self.scrape = scrape or Scraper()
         self.hpas = hpas or HPALister(kube)
+        self.adapters = AdapterPass(kube, adapters, adapter_sync)
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -108,10 +112,13 @@ class Reconciler:
         old = body.get("status") or {}
         ref, spec = parse(body, self.settings)
         observed, memory = self._observe(ref, spec, body), Memory.of(old)
+        adapters = self.adapters.observe(ref, spec, observed.pods, observed.deleting)
+        observed = replace(observed, adapters_pending=adapters.pending)
         p = plan(spec, observed, memory, now)
         self.applier.apply(ref, spec, p.actions)
         self._log_changes(ref, memory, p)
         status = self._report(observed, spec, p, old, now)
+        self.adapters.report(ref, spec, adapters, iso(now))
         left = sum(len(g) for g in observed.pods.values())
         return Outcome(uid=ref.uid, pods_left=left, requeue_after=p.requeue_after,
                        status=status, drain_probes=dict(p.drain_probes),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from shoal.contract import env as engine_env_names
+from shoal.contract import lora as lora_contract
 from shoal.contract.termination import DEFAULT_PATH as TERMINATION_MESSAGE_PATH
 from shoal.operator import kv_parts, template, vllm_version
 from shoal.operator import labels as L
@@ -66,6 +67,8 @@ def engine_args(ref: EngineRef, spec: EngineSpec, group: int, rank: int) -> list
     if rank == 0:
         args += ["--host", "0.0.0.0", "--port", str(L.HTTP_PORT)]
     args += kv_parts.engine_args(spec, rank)  # routing kv-aware: rank 0 publishes KV events
+    if spec.lora is not None:  # every rank: under tensor parallelism each holds its shards
+        args += spec.lora.args()
     if nodes > 1:
         if rank > 0:
             args.append("--headless")
@@ -88,6 +91,8 @@ def engine_env(spec: EngineSpec) -> list[dict]:
         {"name": "POD_NAMESPACE", **field("metadata.namespace")},
         {"name": "NODE_NAME", **field("spec.nodeName")},
     ]
+    if spec.lora is not None:  # the operator loads InferenceAdapters at runtime
+        env.append({"name": lora_contract.RUNTIME_UPDATES_ENV, "value": "true"})
     return env + model_parts(spec).env + list(spec.engine_env)
 
 

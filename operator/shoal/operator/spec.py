@@ -67,6 +67,8 @@ DEFAULTS: dict[str, object] = {
     "restartPolicy.resetAfterSeconds": 600,
     "modelAuth.key": "HF_TOKEN",
     "autoscaling.minReplicas": 1,
+    "lora.maxLoras": 1,  # vLLM's defaults
+    "lora.maxLoraRank": 16,
     "autoscaling.scaleUpStabilizationSeconds": 30,
     "autoscaling.scaleDownDelaySeconds": 300,
 }
@@ -77,7 +79,7 @@ REVISION_FIELDS = ("model", "servedModelName", "image", "imagePullPolicy", "runt
                    "tensorParallelSize", "nodesPerGroup", "masterPort", "engine", "modelVolume",
                    "shutdown")
 # Added later: they count only when set, so that adding them rolled no existing group.
-OPTIONAL_REVISION_FIELDS = ("runtimeVersion", "modelCache", "modelAuth", "hfEndpoint")
+OPTIONAL_REVISION_FIELDS = ("runtimeVersion", "modelCache", "modelAuth", "hfEndpoint", "lora")
 
 
 def content_hash(obj) -> str:
@@ -181,6 +183,32 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class LoRASpec:
+    """spec.lora: the engines serve LoRA adapters (vLLM's flags), loaded at runtime from the
+    InferenceAdapters that name the engine (adapter_sync.py)."""
+
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int | None
+
+    @classmethod
+    def of(cls, spec: dict) -> LoRASpec | None:
+        lora = spec.get("lora")
+        if lora is None:
+            return None
+        cpu = lora.get("maxCpuLoras")
+        return cls(max_loras=int(_get(spec, "lora.maxLoras")),
+                   max_lora_rank=int(_get(spec, "lora.maxLoraRank")),
+                   max_cpu_loras=None if cpu is None else int(cpu))
+
+    def args(self) -> list[str]:
+        out = ["--enable-lora", "--max-loras", str(self.max_loras),
+               "--max-lora-rank", str(self.max_lora_rank)]
+        return out + ([] if self.max_cpu_loras is None
+                      else ["--max-cpu-loras", str(self.max_cpu_loras)])
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     model: str
     source: ModelSource  # what `model` names: a path or name, or a pvc:// claim
@@ -213,6 +241,7 @@ class EngineSpec:
     revision: str  # engine_revision() of the body's spec
     settings: OperatorSettings = OperatorSettings()  # the operator's own, not the body's
     autoscaling: AutoscalingSpec | None = None  # set: the autoscaler decides the group count
+    lora: LoRASpec | None = None  # set: adapters are served (InferenceAdapter)
 
     @property
     def wakeable(self) -> bool:
@@ -268,6 +297,7 @@ class EngineSpec:
             revision=engine_revision(spec),
             settings=settings or OperatorSettings(),
             autoscaling=AutoscalingSpec.of(spec),
+            lora=LoRASpec.of(spec),
         )
 
 

@@ -62,8 +62,27 @@ def spec_problems(name: str, spec: EngineSpec) -> list[str]:
     if spec.model_volume is not None:
         problems += _volume_problems(spec.model_volume.get("volume") or {})
     problems += model_source.problems(spec.model) + source_problems(spec)
-    problems += kv_parts.problems(spec) + autoscaling_problems(spec)
+    problems += kv_parts.problems(spec) + autoscaling_problems(spec) + lora_problems(spec)
     return problems + template_problems(name, spec) + vllm_version.problems(spec)
+
+
+LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
+              "--lora-modules")
+
+
+def lora_problems(spec: EngineSpec) -> list[str]:
+    """vLLM's own rule (max_cpu_loras >= max_loras), and one place for the LoRA flags: with
+    spec.lora, the same flags in extraArgs would be given twice."""
+    out = []
+    lora = spec.lora
+    if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+        out.append(f"spec.lora.maxCpuLoras ({lora.max_cpu_loras}) must be >= maxLoras "
+                   f"({lora.max_loras}), as vLLM requires")
+    given = sorted({a.split("=", 1)[0] for a in spec.extra_args} & set(LORA_FLAGS[:4]))
+    if lora is not None and given:
+        out.append(f"spec.engine.extraArgs sets {', '.join(given)}: with spec.lora the operator "
+                   "sets them; set spec.lora's fields instead")
+    return out
 
 
 def autoscaling_problems(spec: EngineSpec) -> list[str]:

@@ -17,23 +17,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
+from shoal.contract.lora import listed  # noqa: F401 - the routers read it from here
 from shoal.contract.routing import DEFAULT_IMBALANCE
 
 _INFO = re.compile(r'^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def listed(models_body: bytes | str) -> dict[str, str] | None:
-    """adapter name -> its parent, from an engine's /v1/models body; None if it is not one."""
-    try:
-        data = json.loads(models_body)
-        cards = data["data"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(cards, list):
-        return None
-    return {c["id"]: c["parent"] for c in cards
-            if isinstance(c, dict) and isinstance(c.get("id"), str) and c.get("parent")}
 
 
 def running(metrics_text: str) -> frozenset[str]:

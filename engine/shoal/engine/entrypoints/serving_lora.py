@@ -15,18 +15,20 @@ import os
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
+from shoal.contract import lora as lora_contract
 from shoal.engine.entrypoints.http_errors import error_response
 from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.lora.config import LoRARegistry
 from shoal.engine.wire import LoRARequest
 
+RUNTIME_UPDATES_ENV = lora_contract.RUNTIME_UPDATES_ENV
+
 logger = logging.getLogger("shoal.engine.api")
-RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 _UTILITY_PREFIX = "engine utility call failed: "
 
 
 def runtime_updates_allowed(environ=os.environ) -> bool:
-    return environ.get(RUNTIME_UPDATES_ENV, "0").strip().lower() in ("1", "true")
+    return lora_contract.runtime_updates_allowed(environ)
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -77,7 +79,7 @@ def lora_router(s: Serving) -> APIRouter:
     logger.warning("%s is set: runtime LoRA adapter loading (/v1/load_lora_adapter, "
                    "/v1/unload_lora_adapter) is enabled", RUNTIME_UPDATES_ENV)
 
-    @router.post("/v1/load_lora_adapter")
+    @router.post(lora_contract.LOAD_PATH)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest):
         if s.loras is None:
             return error_response(400, "LoRA is not enabled: start the server with "
@@ -101,7 +103,7 @@ def lora_router(s: Serving) -> APIRouter:
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added "
                                  "successfully.")
 
-    @router.post("/v1/unload_lora_adapter")
+    @router.post(lora_contract.UNLOAD_PATH)
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest):
         if not body.lora_name and not body.lora_int_id:
             return error_response(400, "either 'lora_name' and 'lora_int_id' needs to be "

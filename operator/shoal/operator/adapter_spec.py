@@ -1,0 +1,103 @@
+"""An InferenceAdapter, read once per pass: its identity, the InferenceEngine it names, its
+source, and where that source is inside the engine's pods.
+
+Why a kind of its own rather than a list on InferenceEngine (docs/operator.md, "Adapters"): an
+application team owns its adapter (RBAC on `inferenceadapters` alone, its own status and Events,
+created and deleted without touching the platform team's engine), the engine's pods never roll
+for an adapter (it is loaded at runtime through vLLM's endpoint), and one bad adapter reports on
+its own object instead of making the engine's spec invalid. This is AIBrix's `ModelAdapter` and
+production-stack's `LoraAdapter` shape; KServe's `model.lora.adapters` list is the other one.
+
+The forms of `spec.source` today:
+- a path inside the engine container (`/models/adapters/sql`: on the model volume);
+- `pvc://CLAIM/PATH` where CLAIM is mounted in the engine's pods already (the model's own
+  pvc:// claim, or `spec.modelVolume`'s claim): an adapter never adds a volume, which would
+  restart every group.
+The schema refuses every other form at apply (hf:// and oci:// are not implemented for adapters).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from shoal.operator import labels as L
+from shoal.operator.model_source import PVC_MOUNT_DIR, PVC_PATTERN
+from shoal.operator.spec import EngineSpec
+
+# An absolute path with no `..` segment, or pvc://CLAIM/PATH (model_source's pattern). RE2.
+PATH_PATTERN = r"/([^.][^/]*|\.[^./][^/]*|\.\.[^/]+)?(/([^.][^/]*|\.[^./][^/]*|\.\.[^/]+))*"
+SOURCE_PATTERN = rf"^({PVC_PATTERN}|{PATH_PATTERN})$"
+# What a name may be: vLLM takes any string; a DNS-1123 subdomain is what metadata.name is.
+_PVC = re.compile(r"^pvc://([^/]+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """Which InferenceAdapter: what its status patch and Events name (events.emit reads the
+    same attributes as on an EngineRef)."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+    api_version: str = L.API_VERSION
+    kind: str = L.ADAPTER_KIND
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    ref: AdapterRef
+    engine: str  # the InferenceEngine in the same namespace
+    source: str
+    generation: int
+    deleting: bool
+    status: dict  # as last written
+
+    @property
+    def name(self) -> str:
+        """The name clients put in `model` (vLLM's lora_name): the object's name."""
+        return self.ref.name
+
+    @classmethod
+    def of(cls, body: dict) -> Adapter:
+        meta, spec = body["metadata"], body.get("spec") or {}
+        ref = AdapterRef(meta["name"], meta["namespace"], meta.get("uid"))
+        return cls(ref=ref, engine=str(spec.get("engine") or ""),
+                   source=str(spec.get("source") or ""), generation=meta.get("generation", 0),
+                   deleting=bool(meta.get("deletionTimestamp")),
+                   status=dict(body.get("status") or {}))
+
+
+def _volume_claims(spec: EngineSpec) -> dict[str, str]:
+    """claim -> where it is mounted in every engine container."""
+    out = {}
+    if spec.source.is_pvc:
+        out[spec.source.claim] = PVC_MOUNT_DIR
+    pvc = ((spec.model_volume or {}).get("volume") or {}).get("persistentVolumeClaim") or {}
+    if pvc.get("claimName"):
+        out.setdefault(str(pvc["claimName"]), spec.model_mount_path)
+    return out
+
+
+def engine_path(adapter: Adapter, spec: EngineSpec) -> tuple[str | None, str]:
+    """The adapter's directory inside the engine's containers, or (None, why not): a reason the
+    user fixes on the adapter or the engine, so it is a waiting reason, never permanent."""
+    if not re.fullmatch(SOURCE_PATTERN, adapter.source):
+        return None, (f"spec.source {adapter.source!r} is not an absolute path or "
+                      "pvc://CLAIM/PATH")
+    found = _PVC.match(adapter.source)
+    if not found:
+        return posixpath.normpath(adapter.source), ""
+    claim, path = found.groups()
+    mounts = _volume_claims(spec)
+    if claim not in mounts:
+        where = ", ".join(sorted(mounts)) or "none"
+        return None, (f"the claim {claim!r} is not mounted in the pods of InferenceEngine "
+                      f"{adapter.engine!r} (mounted claims: {where}); use the model's claim "
+                      "or spec.modelVolume's, or a path")
+    return posixpath.join(mounts[claim], path), ""
+

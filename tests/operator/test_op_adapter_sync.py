@@ -1,0 +1,106 @@
+"""The operator's adapter sync against real parts: a `shoal serve --enable-lora` group (rank 0)
+with runtime loading on, a real `shoal router` in front as the frontend Service, and adapters
+made with the real `peft`. What the engine answers is what the operator's status is made of:
+a loaded adapter, one refused for good (rank above --max-lora-rank), one whose path is not
+there (retried); the probe through the router; the unload."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from shoal.contract import lora
+from shoal.operator.adapter_spec import Adapter
+from shoal.operator.adapter_status import adapter_status
+from shoal.operator.adapter_sync import AdapterSync, Want
+from support.servers import API_KEY, MODEL_NAME, ServeProcess
+from support.wait import wait_for
+
+from tests.engine import lora_peft
+from tests.router.router_helpers import RouterProcess, write_discovery
+
+pytestmark = pytest.mark.process
+KEY = ("prod", "llm")
+
+
+@pytest.fixture(scope="module")
+def made(tiny_model, tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("sync-lora")
+    return {"sql": lora_peft.make_adapter(tiny_model, d / "sql", 41, r=4),
+            "wide": lora_peft.make_adapter(tiny_model, d / "wide", 42, r=16),
+            "missing": str(d / "not-there")}
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sync-stack")
+    engine = ServeProcess(tiny_model, tmp, "--enable-lora", "--max-loras", "2",
+                          "--max-lora-rank", "8", "--max-model-len", "512",
+                          env={lora.RUNTIME_UPDATES_ENV: "true"}, api_key=API_KEY)
+    router = None
+    try:
+        engine.wait_healthy()
+        path = tmp / "engines.json"
+        write_discovery(path, {0: engine})
+        router = RouterProcess(tiny_model, path, tmp).wait_listening()
+        yield engine, router
+    finally:
+        if router is not None:
+            router.stop()
+        engine.stop()
+
+
+def _adapter(name: str, source: str) -> Adapter:
+    return Adapter.of({"metadata": {"name": name, "namespace": "prod", "uid": f"u-{name}",
+                                    "generation": 1},
+                       "spec": {"engine": "llm", "source": source}})
+
+
+def _status(name: str, source: str, view) -> dict:
+    return adapter_status(_adapter(name, source), problem="", path=source, serving=[0],
+                          view=view, now="2026-12-02T00:00:00Z")
+
+
+def test_load_probe_and_unload_against_a_real_engine_and_router(stack, made):
+    engine, router = stack
+    changes = []
+    sync = AdapterSync(on_change=changes.append)
+    want = Want(groups={0: engine.url}, adapters=dict(made), service=router.url,
+                api_key=API_KEY, engine_key=API_KEY)
+    sync.follow(*KEY, want)  # not bound to a loop: the rounds below are run by hand
+
+    view = asyncio.run(sync.sync_once(KEY, want))
+    assert view.has(0, "sql") and changes == [KEY]
+    wide, missing = view.answers[("wide", 0)], view.answers[("missing", 0)]
+    assert wide.status == 400 and wide.permanent and wide.reason == "AdapterInvalid"
+    assert "rank" in wide.message and "16" in wide.message and "8" in wide.message
+    assert missing.status == 404 and not missing.permanent
+    assert missing.reason == "AdapterNotFound" and "not-there" in missing.message
+    # every adapter answered: a new group would no longer be held for any of them
+    assert all(view.answered(0, n) for n in made)
+
+    # Ready only once the router routes it (its health prober reads the engine's /v1/models)
+    def probed():
+        v = asyncio.run(sync.sync_once(KEY, want))
+        return v if v.probes["sql"].ok else None
+
+    view = wait_for(probed, timeout=30, interval=0.5, what="the probe through the router")
+    st = _status("sql", made["sql"], view)
+    assert (st["phase"], st["loaded"], st["loadedGroups"]) == ("Ready", "1/1", [0])
+    bad = _status("wide", made["wide"], view)
+    assert bad["phase"] == "Failed" and bad["lastError"]["permanent"] is True
+    assert "wide" not in view.probes  # never loaded: never probed
+    # the refusal is not retried: the engine is asked once
+    again = asyncio.run(sync.sync_once(KEY, want))
+    assert again.answers[("wide", 0)].at == wide.at
+
+    out = httpx.post(f"{router.url}/v1/completions", timeout=60,
+                     headers={"Authorization": f"Bearer {API_KEY}"},
+                     json={"model": "sql", "prompt": "Hello", "max_tokens": 2})
+    assert out.status_code == 200, out.text
+
+    assert asyncio.run(sync.unload(*KEY, "sql")) == []
+    listed = httpx.get(f"{engine.url}{lora.MODELS_PATH}", timeout=10,
+                       headers={"Authorization": f"Bearer {API_KEY}"}).text
+    assert "sql" not in lora.listed(listed) and MODEL_NAME in listed
