@@ -87,6 +87,7 @@ class Case:
     requeue: float | None = None
     phases: dict = field(default_factory=dict)  # group -> phase after the pass
     in_flight: dict = field(default_factory=dict)  # draining group -> rank 0's requests, as probed
+    adapters: dict = field(default_factory=dict)  # group -> InferenceAdapters not answered yet
 
 
 OOM = dict(exit_code=137, reason="OOMKilled")
@@ -201,6 +202,17 @@ CASES = [
          actions=(ApplyChildren((0,)), ev("Normal", "GroupUpdating"), WriteDiscovery((0,)),
                   delete(1, 0), ev("Normal", "DrainStarted"), WriteDiscovery((0,))),
          requeue=30 + render.SHUTDOWN_MARGIN_SECONDS, phases={0: "Ready", 1: "Updating"}),
+    Case("a new group with every rank ready stays out of discovery until its adapters answered",
+         pods=[pod(0, 0), pod(0, 1)], memory=[group(0, "Starting")],
+         adapters={0: ("sql", "support")},
+         actions=(ApplyChildren(()), WriteDiscovery(())), phases={0: "Starting"}),
+    Case("a Ready group is never withdrawn for an adapter added later",
+         pods=[pod(0, 0), pod(0, 1)], memory=[group(0, "Ready")], adapters={0: ("sql",)},
+         actions=(ApplyChildren((0,)), WriteDiscovery((0,))), phases={0: "Ready"}),
+    Case("a group whose ranks are not all ready waits for them, not for its adapters",
+         pods=[pod(0, 0), pod(0, 1, ready=False)], memory=[group(0, "Starting")],
+         adapters={0: ("sql",)}, actions=(ApplyChildren(()), WriteDiscovery(())),
+         requeue=-600 + 1200 + STALL_MARGIN_SECONDS, phases={0: "Starting"}),
     Case("an invalid spec creates nothing",
          pods=[], spec=engine("llm", "ns").ranks(2, tp=3), actions=(), phases={}),
 ]
@@ -227,7 +239,7 @@ def _run(case: Case):
         m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
         for m in case.memory})
     observed = Observed(ref=EngineRef.of(body), pods=by_group, in_flight=case.in_flight,
-                        deleting=case.deleting)
+                        deleting=case.deleting, adapters_pending=case.adapters)
     return plan(spec, observed, memory, case.now)
 
 
@@ -254,6 +266,14 @@ def test_a_death_already_handled_is_not_acted_on_again():
     assert _shape(got.actions) == (ApplyChildren(()), WriteDiscovery(())), \
         "no second Event, no second delete"
     assert got.groups[0]["phase"] == "Failed" and got.restart_count == 0
+
+
+def test_a_group_held_for_its_adapters_says_which():
+    (g,) = _run(case("a new group with every rank ready")).groups
+    assert (g["stage"], g["message"]) == (
+        "LoadingAdapters", "all 2 ranks ready; loading adapters sql, support")
+    (g,) = _run(case("a group whose ranks are not all ready")).groups
+    assert g["stage"] != "LoadingAdapters" and "adapters" not in g["message"]
 
 
 def test_plan_does_not_change_what_it_was_given():

@@ -25,7 +25,7 @@ from shoal.operator.adapter_spec import Adapter, engine_path
 from shoal.operator.adapter_status import adapter_events, adapter_status
 from shoal.operator.adapter_sync import AdapterSync, View, Want
 from shoal.operator.kube import Kube
-from shoal.operator.observed import pod_ready
+from shoal.operator.observed import no_empty_strings, pod_ready
 from shoal.operator.spec import EngineRef, EngineSpec
 
 log = logging.getLogger("shoal.operator.adapters")
@@ -149,14 +149,14 @@ class AdapterPass:
         self._write(a, Seen(adapters=[a], problems={a.name: problem}), now)
 
     def _write(self, a: Adapter, seen: Seen, now: str) -> None:
-        new = adapter_status(a, problem=seen.problems.get(a.name, ""),
-                             path=seen.paths.get(a.name, ""), serving=sorted(seen.serving),
-                             view=seen.view, now=now)
+        new = no_empty_strings(adapter_status(
+            a, problem=seen.problems.get(a.name, ""), path=seen.paths.get(a.name, ""),
+            serving=sorted(seen.serving), view=seen.view, now=now))
         old = self._written.get(a.ref.uid) or a.status
         if _same(old, new):
             return
         try:
-            patch = dict(new)
+            patch = {k: None for k in old if k not in new} | new  # merge patch: drop the rest
             if old.get("lastError") and "lastError" in new:
                 patch["lastError"] = {k: None for k in old["lastError"]} | new["lastError"]
             self.kube.patch(L.API_VERSION, L.ADAPTER_PLURAL, a.ref.namespace, a.ref.name,

@@ -27,7 +27,8 @@ from shoal.operator.model_source import PVC_MOUNT_DIR, PVC_PATTERN
 from shoal.operator.spec import EngineSpec
 
 # An absolute path with no `..` segment, or pvc://CLAIM/PATH (model_source's pattern). RE2.
-PATH_PATTERN = r"/([^.][^/]*|\.[^./][^/]*|\.\.[^/]+)?(/([^.][^/]*|\.[^./][^/]*|\.\.[^/]+))*"
+_SEG = r"([^./][^/]*|\.[^./][^/]*|\.\.[^/]+)"
+PATH_PATTERN = rf"/({_SEG}(/{_SEG})*/?)?"
 SOURCE_PATTERN = rf"^({PVC_PATTERN}|{PATH_PATTERN})$"
 # What a name may be: vLLM takes any string; a DNS-1123 subdomain is what metadata.name is.
 _PVC = re.compile(r"^pvc://([^/]+)/(.+)$")

@@ -28,8 +28,10 @@ def adapter_status(adapter: Adapter, *, problem: str, path: str, serving: list[i
     answers = sorted(((g, view.answers[(adapter.name, g)]) for g in serving
                       if (adapter.name, g) in view.answers), key=lambda ga: ga[1].at)
     probe = view.probes.get(adapter.name)
-    out = {"loaded": f"{len(on)}/{n}", "loadedGroups": on, "path": path,
+    out = {"loaded": f"{len(on)}/{n}", "loadedGroups": on,
            "observedGeneration": adapter.generation}
+    if path:
+        out["path"] = path
     if old.get("lastError"):
         out["lastError"] = old["lastError"]
     if answers:

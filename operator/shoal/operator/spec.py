@@ -79,7 +79,10 @@ REVISION_FIELDS = ("model", "servedModelName", "image", "imagePullPolicy", "runt
                    "tensorParallelSize", "nodesPerGroup", "masterPort", "engine", "modelVolume",
                    "shutdown")
 # Added later: they count only when set, so that adding them rolled no existing group.
-OPTIONAL_REVISION_FIELDS = ("runtimeVersion", "modelCache", "modelAuth", "hfEndpoint", "lora")
+OPTIONAL_REVISION_FIELDS = ("runtimeVersion", "modelCache", "modelAuth", "hfEndpoint")
+# Added later too, and counted whenever present: an empty block already changes the pods
+# (`lora: {}` turns LoRA on with vLLM's defaults).
+PRESENT_REVISION_FIELDS = ("lora",)
 
 
 def content_hash(obj) -> str:
@@ -89,10 +92,11 @@ def content_hash(obj) -> str:
 
 
 def engine_revision(spec: dict) -> str:
-    """Hash of the REVISION_FIELDS of a body's spec, and of the OPTIONAL_REVISION_FIELDS that
-    are set."""
+    """Hash of the REVISION_FIELDS of a body's spec, of the OPTIONAL_REVISION_FIELDS that are
+    set and of the PRESENT_REVISION_FIELDS that are there."""
     shaped = {k: spec.get(k) for k in REVISION_FIELDS}
     shaped.update({k: spec[k] for k in OPTIONAL_REVISION_FIELDS if spec.get(k)})
+    shaped.update({k: spec[k] for k in PRESENT_REVISION_FIELDS if spec.get(k) is not None})
     return content_hash(shaped)
 
 

@@ -16,7 +16,7 @@ from shoal.operator import (
 )
 from shoal.operator import labels as L
 from shoal.operator.render import frontend_operator_template, operator_pod
-from shoal.operator.spec import EngineRef, EngineSpec
+from shoal.operator.spec import EngineRef, EngineSpec, Runtime
 
 VOLUME_SOURCES = {
     "persistentVolumeClaim",
@@ -78,6 +78,11 @@ def lora_problems(spec: EngineSpec) -> list[str]:
     if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
         out.append(f"spec.lora.maxCpuLoras ({lora.max_cpu_loras}) must be >= maxLoras "
                    f"({lora.max_loras}), as vLLM requires")
+    if lora is not None and spec.tensor_parallel_size > 1 and spec.runtime == Runtime.SHOAL:
+        out.append(f"spec.lora with spec.tensorParallelSize {spec.tensor_parallel_size}: the "
+                   "Shoal engine serves adapters without tensor parallelism only (A and B are "
+                   "not sharded; its --enable-lora exits 2 there); use tensorParallelSize 1, or "
+                   "runtime: VLLM")
     given = sorted({a.split("=", 1)[0] for a in spec.extra_args} & set(LORA_FLAGS[:4]))
     if lora is not None and given:
         out.append(f"spec.engine.extraArgs sets {', '.join(given)}: with spec.lora the operator "
