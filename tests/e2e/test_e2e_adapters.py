@@ -2,7 +2,8 @@
 on the nodes' model hostPath, applied to a running two-group engine. Each is loaded on every
 group through vLLM's endpoint, reported Ready only after a request through the Service, served
 through the Service, loaded again on a restarted group before that group is Ready, refused for
-good with the engine's reason (rank above spec.lora.maxLoraRank), and unloaded on delete."""
+good with the engine's reason (rank above spec.lora.maxLoraRank), retried while a file is not
+readable by the engine's uid, and unloaded on delete."""
 
 from __future__ import annotations
 
@@ -58,15 +59,22 @@ def _rank0(cluster, ns: str, group: int) -> dict:
     return p
 
 
+engine_with_adapters_host: dict = {}  # namespace -> the adapters' directory on the host
+
+
 @pytest.fixture(scope="module")
 def engine_with_adapters(cluster):
     made = MODEL_HOST_DIR / f"adapters-{uuid.uuid4().hex[:6]}"
     base = str(MODEL_HOST_DIR / "shoal-tiny")
-    lora_peft.make_adapter(base, made / "sql", 51, r=4)
-    lora_peft.make_adapter(base, made / "wide", 52, r=32)  # above maxLoraRank 16
+    for name, seed, rank in (("sql", 51, 4), ("wide", 52, 32), ("locked", 53, 4)):
+        lora_peft.make_adapter(base, made / name, seed, r=rank)  # wide: above maxLoraRank 16
+        for f in (made / name).iterdir():  # save_pretrained writes the weights 0600 (root's)
+            f.chmod(0o644)
+    (made / "locked" / "adapter_model.safetensors").chmod(0o600)  # unreadable by uid 10001
     ns = cluster.new_namespace("e2e-lora")
     create(cluster, ns, NAME, replicas=2, lora={"maxLoras": 2})
     wait_ready(cluster, ns, NAME, "2/2")
+    engine_with_adapters_host[ns] = made
     try:
         yield ns, f"{MODEL_MOUNT}/{made.name}"
     finally:
@@ -137,6 +145,28 @@ def test_an_adapter_the_engine_refuses_is_failed_for_good_naming_the_rank(
         client(service_url(cluster, ns, NAME)).completions.create(model="wide", prompt="x",
                                                                   max_tokens=2)
     assert "404" in str(info.value) or "does not exist" in str(info.value)
+
+
+def test_an_unreadable_file_is_a_waiting_reason_retried_until_fixed(cluster,
+                                                                   engine_with_adapters):
+    ns, root = engine_with_adapters
+    cluster.apply({**_adapter("locked", f"{root}/locked"), "metadata": {"name": "locked",
+                                                                        "namespace": ns}})
+
+    def named():
+        err = _adapter_status(cluster, ns, "locked").get("lastError") or {}
+        return err if "is not readable" in err.get("message", "") else None
+
+    err = wait_for(named, timeout=60, interval=0.5, what="locked's lastError")
+    assert err["reason"] == "AdapterNotFound" and err["permanent"] is False
+    assert "-rw-------" in err["message"] and "uid 10001" in err["message"]
+    assert _adapter_status(cluster, ns, "locked")["phase"] == "Loading"
+    host = engine_with_adapters_host[ns]
+    (host / "locked" / "adapter_model.safetensors").chmod(0o644)
+    t0 = time.monotonic()
+    wait_for(lambda: _adapter_status(cluster, ns, "locked").get("phase") == "Ready",
+             timeout=60, interval=0.5, what="locked Ready once readable")
+    record("adapter_fixed_to_ready", time.monotonic() - t0)
 
 
 def test_deleting_an_adapter_unloads_it_from_every_group(cluster, engine_with_adapters):

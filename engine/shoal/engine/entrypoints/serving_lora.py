@@ -4,7 +4,8 @@ otherwise the paths are not there (404), as in vLLM. Answers and error texts are
 (vllm/entrypoints/openai/serving_models.py): 200 "Success: LoRA adapter 'NAME' added
 successfully."; 400 InvalidUserInput for a missing field or a name already loaded; 400
 BadRequestError naming what the engine could not apply (lora/adapter.py), 404 NotFoundError
-when the adapter's path is not there; unloading an unknown name is 404 NotFoundError.
+when the adapter's path is not there or a file is not readable (a fix outside the adapter);
+unloading an unknown name is 404 NotFoundError.
 Also `load_static_adapters`, --lora-modules at start-up (any failure stops the server)."""
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def lora_router(s: Serving) -> APIRouter:
             await add_adapter(s.llm, s.loras, body.lora_name, body.lora_path)
         except Exception as exc:  # noqa: BLE001 - the engine's reason is the answer
             reason = _reason(exc)
-            if "does not exist" in reason:
+            if "does not exist" in reason or "is not readable" in reason:
                 return error_response(404, reason, "NotFoundError")
             return error_response(400, reason, "BadRequestError")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added "

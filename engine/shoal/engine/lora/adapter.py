@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +69,19 @@ class LoRAWeights:
         return max((m.rank for m in self.modules.values()), default=0)
 
 
+def _unreadable(file: Path, name: str) -> None:
+    """A file this process may not read is named with its mode and owner (safetensors reports
+    it as "No such file or directory"). The message says "not readable": the endpoint answers
+    it as a path that is not there (404, retried by the operator), since fixing the file's mode
+    is enough."""
+    if os.access(file, os.R_OK):
+        return
+    st = file.stat()
+    raise LoRALoadError(f"LoRA adapter {name!r}: {str(file)!r} is not readable by this process "
+                        f"(uid {os.getuid()}; the file's mode {stat.filemode(st.st_mode)}, "
+                        f"owner uid {st.st_uid})")
+
+
 def _config(path: Path, name: str) -> dict:
     if not path.is_dir():
         raise LoRALoadError(f"LoRA adapter {name!r}: the path {str(path)!r} does not exist or is "
@@ -75,6 +90,7 @@ def _config(path: Path, name: str) -> dict:
     if not cfg_file.is_file():
         raise LoRALoadError(f"LoRA adapter {name!r}: {str(path)!r} has no {CONFIG_FILE} (a PEFT "
                             "adapter directory, as save_pretrained writes it)")
+    _unreadable(cfg_file, name)
     try:
         return json.loads(cfg_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -116,6 +132,7 @@ def read_adapter(request: LoRARequest, targets: dict[str, tuple[int, int]], max_
         have = sorted(p.name for p in path.iterdir())
         raise LoRALoadError(f"LoRA adapter {name!r}: {str(path)!r} has no {WEIGHTS_FILE} "
                             f"(files: {have}); only safetensors weights are read")
+    _unreadable(weights_file, name)
     try:
         tensors = load_file(str(weights_file))
     except Exception as exc:  # noqa: BLE001 - safetensors' errors have no common base
