@@ -22,9 +22,35 @@ from torch import nn
 
 @dataclass
 class LoRABatch:
-    """One step's groups: (slot, rows) with rows a slice or a LongTensor of token indices."""
+    """One step's groups: (slot, rows) with rows a slice or a LongTensor of token indices.
+
+    With more than one group, or rows that are not contiguous, the step also carries the
+    dense form every layer uses instead (`dense`): each token's slot (`row_slot`, `slots` for a
+    base row) and a 0/1 mask [tokens, slots * max_rank] that keeps only the token's own slot's
+    columns. Then one layer's update is two GEMMs over every slot at once,
+    `((x @ A_all.T) * mask) @ B_all.T`, times each row's scaling: the same products as the
+    per-group form (the other slots' columns add exact zeros), without a gather, a scatter or
+    a Python loop per adapter."""
 
     groups: list[tuple[int, slice | torch.Tensor]]
+    row_slot: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.mask is not None
+
+
+def dense_parts(spans: dict[int, list[tuple[int, int]]], tokens: int, slots: int, max_rank: int,
+                device) -> tuple[torch.Tensor, torch.Tensor]:
+    """row_slot [tokens] and mask [tokens, slots * max_rank] for LoRABatch's dense form."""
+    row_slot = torch.full((tokens,), slots, dtype=torch.long)
+    for slot, ranges in spans.items():
+        for a, b in ranges:
+            row_slot[a:b] = slot
+    cols = torch.arange(slots * max_rank) // max_rank
+    mask = (row_slot[:, None] == cols[None, :]).to(torch.float32)
+    return row_slot.to(device), mask.to(device)
 
 
 _ACTIVE: ContextVar[LoRABatch | None] = ContextVar("shoal_lora_batch", default=None)
@@ -50,18 +76,29 @@ class LoRALinear(nn.Module):
         self.lora_b = torch.zeros(slots, self.out_features, max_rank, **f32)
         self.ranks = [0] * slots  # 0: the slot holds nothing for this module
         self.scalings = [0.0] * slots
+        # The dense form's copies: B of every slot side by side [out, slots * max_rank], and
+        # each slot's scaling (index `slots`: a base row, 0). Unused columns stay exact zeros.
+        self.b_all = torch.zeros(self.out_features, slots * max_rank, **f32)
+        self.scale_of = torch.zeros(slots + 1, **f32)
 
     def set_slot(self, slot: int, a: torch.Tensor | None, b: torch.Tensor | None,
                  scaling: float) -> None:
         """Put one adapter's A [r, in] and B [out, r] in a slot (None: the adapter does not
         touch this module)."""
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        b_slot = self.b_all.view(self.out_features, -1, self.lora_a.shape[1])[:, slot]
+        b_slot.zero_()
+        self.scale_of[slot] = 0.0
         if a is None:
             self.ranks[slot] = 0
             return
         r = a.shape[0]
         self.lora_a[slot, :r].copy_(a)
         self.lora_b[slot, :, :r].copy_(b)
+        b_slot[:, :r].copy_(b)
         self.ranks[slot], self.scalings[slot] = r, scaling
+        self.scale_of[slot] = scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -70,6 +107,9 @@ class LoRALinear(nn.Module):
             return y
         x2 = x.reshape(-1, self.in_features)
         y2 = y.view(-1, self.out_features)
+        if batch.dense:
+            self._dense(x2, y2, batch)
+            return y
         for slot, rows in batch.groups:
             r = self.ranks[slot]
             if r == 0:
@@ -87,6 +127,17 @@ class LoRALinear(nn.Module):
             else:
                 y2[rows] = (y2[rows].float() + delta).to(y2.dtype)
         return y
+
+    def _dense(self, x2: torch.Tensor, y2: torch.Tensor, batch: LoRABatch) -> None:
+        xs = x2 if x2.dtype == torch.float32 else x2.float()
+        h = torch.mm(xs, self.lora_a.view(-1, self.in_features).T)
+        h.mul_(batch.mask)
+        delta = torch.mm(h, self.b_all.T)
+        scale = self.scale_of[batch.row_slot].unsqueeze(1)
+        if y2.dtype == torch.float32:
+            y2.addcmul_(delta, scale)
+        else:
+            y2.copy_(torch.addcmul(y2.float(), delta, scale))
 
     def extra_repr(self) -> str:
         return f"slots={self.lora_a.shape[0]}, max_rank={self.lora_a.shape[1]}"

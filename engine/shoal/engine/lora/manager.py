@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 from shoal.engine.lora.adapter import LoRAWeights, read_adapter
 from shoal.engine.lora.config import LoRAConfig
-from shoal.engine.lora.layers import LoRABatch, LoRALinear
+from shoal.engine.lora.layers import LoRABatch, LoRALinear, dense_parts
 from shoal.engine.wire import LoRARequest
 from torch import nn
 
@@ -129,6 +129,7 @@ class LoRAManager:
                 spans.setdefault(slot, []).append((offset, offset + n))
             offset += n
         groups = []
+        contiguous = True
         for slot, ranges in spans.items():
             merged = [list(ranges[0])]
             for a, b in ranges[1:]:
@@ -139,6 +140,11 @@ class LoRAManager:
             if len(merged) == 1:
                 groups.append((slot, slice(merged[0][0], merged[0][1])))
             else:
+                contiguous = False
                 idx = torch.cat([torch.arange(a, b) for a, b in merged]).to(self.device)
                 groups.append((slot, idx))
-        return LoRABatch(groups)
+        if len(groups) == 1 and contiguous:  # one adapter's rows in one run: a slice
+            return LoRABatch(groups)
+        row_slot, mask = dense_parts(spans, offset, len(self.slots), self.config.max_lora_rank,
+                                     self.device)
+        return LoRABatch(groups, row_slot, mask)
