@@ -7,14 +7,18 @@ there (retried); the probe through the router; the unload."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import pytest
 from shoal.contract import lora
-from shoal.operator.adapter_spec import Adapter
+from shoal.operator.adapter_spec import Adapter, engine_path
 from shoal.operator.adapter_status import adapter_status
 from shoal.operator.adapter_sync import AdapterSync, Want
+from shoal.operator.spec import parse
+from support.builders import engine as engine_body
 from support.servers import API_KEY, MODEL_NAME, ServeProcess
+from support.stand_in_hub import make_server
 from support.wait import wait_for
 
 from tests.engine import lora_peft
@@ -33,11 +37,26 @@ def made(tiny_model, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
+def hub(made, tmp_path_factory):
+    """The stand-in hub (support/stand_in_hub.py; no real hub is reachable here) serving the
+    adapter `sql` as the repository shoal/sql-lora; the client is the real huggingface_hub."""
+    root = tmp_path_factory.mktemp("adapter-hub")
+    (root / "shoal").mkdir()
+    (root / "shoal" / "sql-lora").symlink_to(made["sql"])
+    server = make_server(root, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model, hub, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sync-stack")
     engine = ServeProcess(tiny_model, tmp, "--enable-lora", "--max-loras", "2",
                           "--max-lora-rank", "8", "--max-model-len", "512",
-                          env={lora.RUNTIME_UPDATES_ENV: "true"}, api_key=API_KEY)
+                          "--download-dir", str(tmp / "hub-cache"),
+                          env={lora.RUNTIME_UPDATES_ENV: "true", "HF_ENDPOINT": hub},
+                          api_key=API_KEY)
     router = None
     try:
         engine.wait_healthy()
@@ -104,3 +123,22 @@ def test_load_probe_and_unload_against_a_real_engine_and_router(stack, made):
     listed = httpx.get(f"{engine.url}{lora.MODELS_PATH}", timeout=10,
                        headers={"Authorization": f"Bearer {API_KEY}"}).text
     assert "sql" not in lora.listed(listed) and MODEL_NAME in listed
+
+
+def test_an_hf_source_is_downloaded_by_the_engine_from_the_hub(stack, hub):
+    engine, router = stack
+    spec = parse(engine_body().set(lora={}).obj())[1]
+    path, problem = engine_path(_adapter("hubsql", "hf://shoal/sql-lora"), spec)
+    assert (path, problem) == ("shoal/sql-lora", "")  # vLLM's load endpoint takes a repo id
+    want = Want(groups={0: engine.url}, adapters={"hubsql": path, "nope": "shoal/no-such-lora"},
+                service=router.url, api_key=API_KEY, engine_key=API_KEY)
+    sync = AdapterSync(on_change=lambda key: None)
+    sync.follow(*KEY, want)
+    view = asyncio.run(sync.sync_once(KEY, want))
+    assert view.has(0, "hubsql")
+    nope = view.answers[("nope", 0)]
+    assert nope.status == 404 and not nope.permanent and "no such repository" in nope.message
+    out = httpx.post(f"{engine.url}/v1/completions", timeout=60,
+                     headers={"Authorization": f"Bearer {API_KEY}"},
+                     json={"model": "hubsql", "prompt": "Hello", "max_tokens": 2})
+    assert out.status_code == 200, out.text

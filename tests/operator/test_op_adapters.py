@@ -36,7 +36,9 @@ def adapter(source: str, name: str = "sql", status: dict | None = None) -> Adapt
     (PVC_MODEL, "pvc://other/sql", None, "(mounted claims: models)"),
     (HOSTPATH, "relative/sql", None, "is not an absolute path or pvc://CLAIM/PATH"),
     (HOSTPATH, "/models/../etc", None, "is not an absolute path"),
-    (HOSTPATH, "hf://org/sql", None, "is not an absolute path"),
+    (HOSTPATH, "hf://org/sql", "org/sql", ""),
+    (HOSTPATH, "hf://org/sql@v2", None, "is not an absolute path"),
+    (HOSTPATH, "oci://registry/sql", None, "is not an absolute path"),
 ])
 def test_where_a_source_is_inside_the_engine_pods(spec, source, path, why):
     got, problem = engine_path(adapter(source), parse(spec.obj())[1])
@@ -112,6 +114,10 @@ def _answer(status: int, message: str, at: float = 5.0) -> Answer:
           answers={("sql", 1): _answer(404, "the path '/models/a' does not exist")},
           probes={"sql": OK}),
      "Loading", False, True, "Loading"),
+    ("probed on a group that is gone: not Ready until probed again", "", [1],
+     View(loaded={1: frozenset({"sql"})},
+          probes={"sql": Probe(True, "ok", frozenset({0}), 1.0)}),
+     "Loading", True, False, "LoadedOnEveryGroup"),
     ("refused for good everywhere", "", [0],
      View(loaded={0: frozenset()},
           answers={("sql", 0): _answer(400, "rank 64 is above --max-lora-rank 16")}),

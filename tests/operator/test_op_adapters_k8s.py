@@ -34,7 +34,7 @@ def _waiting(kube, ns: str, name: str, says: str) -> dict:
 
 
 def test_the_schema_refuses_sources_the_operator_does_not_implement(kube, ns):
-    for source in ("hf://org/sql-lora", "oci://registry/sql", "relative/path"):
+    for source in ("hf://org/sql-lora@v2", "oci://registry/sql", "relative/path"):
         err = api_error(lambda s=source: _create(kube, ns, "bad", "llm", s))
         assert err.status == 422 and "spec.source" in err.body
 

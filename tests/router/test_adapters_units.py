@@ -42,6 +42,11 @@ def test_listed_takes_the_cards_with_a_parent():
     assert adapters.listed("not json") is None and adapters.listed("{}") is None
 
 
+def test_a_name_is_the_routers_404_once_any_list_was_read():
+    assert not adapters.read_any([State(G[0], 0, None), State(G[1], 0, None)])
+    assert adapters.read_any([State(G[0], 0, None), State(G[1], 0, {})])  # none loaded yet
+
+
 @pytest.mark.parametrize("name, states, expected", [
     ("only the groups that list it", [State(G[0], 5, {"a": "m"}), State(G[1], 0, {}),
                                        State(G[2], 0, None)], {0}),

@@ -48,6 +48,9 @@ FILE_SETS = {"engine": ENGINE_FILES, "tokenizer": TOKENIZER_FILES}
 # edges are left to the hub), a revision without spaces or `@`.
 _ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 HF_PATTERN = rf"hf://{_ID}/{_ID}(@[A-Za-z0-9][A-Za-z0-9._/-]{{0,199}})?"
+# hf://ORG/NAME without a revision: an InferenceAdapter's hub source (vLLM's load endpoint takes
+# a repo id and loads its default revision).
+HF_REPO_PATTERN = rf"hf://{_ID}/{_ID}"
 # oci://REGISTRY/REPO[:TAG|@DIGEST]: a container image reference (lowercase repository path).
 OCI_PATTERN = (r"oci://[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+"
                r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})?")

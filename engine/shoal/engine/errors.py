@@ -86,6 +86,14 @@ class InvalidRequestError(RequestError, ValueError):
     kind = "BadRequestError"
 
 
+class UnknownModelError(RequestError):
+    """The request's `model` is neither a served name nor an adapter (404, vLLM's
+    NotFoundError): the message names what is served."""
+
+    status = 404
+    kind = "NotFoundError"
+
+
 class EngineUnavailableError(RequestError):
     """The engine does not take new requests right now (503): draining or stopped."""
 

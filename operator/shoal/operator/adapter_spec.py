@@ -12,8 +12,13 @@ The forms of `spec.source` today:
 - a path inside the engine container (`/models/adapters/sql`: on the model volume);
 - `pvc://CLAIM/PATH` where CLAIM is mounted in the engine's pods already (the model's own
   pvc:// claim, or `spec.modelVolume`'s claim): an adapter never adds a volume, which would
-  restart every group.
-The schema refuses every other form at apply (hf:// and oci:// are not implemented for adapters).
+  restart every group;
+- `hf://ORG/NAME`: the repo id goes to vLLM's load endpoint, and the engine downloads it from
+  the hub (HF_ENDPOINT, HF_TOKEN of the engine container) at its default revision, as vLLM
+  does; a revision is refused by the schema (the endpoint takes none). The engines of an hf://
+  model run offline (HF_HUB_OFFLINE=1): there such an adapter waits, its status saying so.
+The schema refuses every other form at apply (oci://: an image cannot be mounted into pods
+that run; put the adapter on a volume the pods mount).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from shoal.contract.model_fetch import HF_REPO_PATTERN
 from shoal.operator import labels as L
 from shoal.operator.model_source import PVC_MOUNT_DIR, PVC_PATTERN
 from shoal.operator.spec import EngineSpec
@@ -29,7 +35,7 @@ from shoal.operator.spec import EngineSpec
 # An absolute path with no `..` segment, or pvc://CLAIM/PATH (model_source's pattern). RE2.
 _SEG = r"([^./][^/]*|\.[^./][^/]*|\.\.[^/]+)"
 PATH_PATTERN = rf"/({_SEG}(/{_SEG})*/?)?"
-SOURCE_PATTERN = rf"^({PVC_PATTERN}|{PATH_PATTERN})$"
+SOURCE_PATTERN = rf"^({PVC_PATTERN}|{HF_REPO_PATTERN}|{PATH_PATTERN})$"
 # What a name may be: vLLM takes any string; a DNS-1123 subdomain is what metadata.name is.
 _PVC = re.compile(r"^pvc://([^/]+)/(.+)$")
 
@@ -90,6 +96,8 @@ def engine_path(adapter: Adapter, spec: EngineSpec) -> tuple[str | None, str]:
     if not re.fullmatch(SOURCE_PATTERN, adapter.source):
         return None, (f"spec.source {adapter.source!r} is not an absolute path or "
                       "pvc://CLAIM/PATH")
+    if adapter.source.startswith("hf://"):  # the engine downloads it (a repo id, as vLLM)
+        return adapter.source.removeprefix("hf://"), ""
     found = _PVC.match(adapter.source)
     if not found:
         return posixpath.normpath(adapter.source), ""

@@ -62,13 +62,16 @@ def adapter_status(adapter: Adapter, *, problem: str, path: str, serving: list[i
         waiting = "; ".join(f"group {g}: {a.message}" for g, a in answers)
         loaded = (False, "Loading", f"loaded on {len(on)}/{n} groups"
                   + (f"; {waiting}" if waiting else ""))
-    if probe is not None and probe.ok:
+    if probe is not None and probe.ok and probe.groups & set(on):
+        # a group that served the probe still has it (a group that died or lost it since is
+        # not counted: found by benchmarks/lora_churn.py)
         ready = (True, "ServedThroughService", probe.message)
     elif probe is not None:
         ready = (False, "ProbeFailed", probe.message)
     else:
         ready = (False, "NotLoaded" if not on else "NotProbed",
-                 "not loaded on any group yet" if not on else "not probed yet")
+                 "not loaded on any serving group" if not on else
+                 "not probed since the groups that have it changed")
     phase = (AdapterPhase.FAILED if bad and not on else
              AdapterPhase.READY if ready[0] and len(on) == n else AdapterPhase.LOADING)
     out.update(phase=phase.value, conditions=conds(loaded, ready))

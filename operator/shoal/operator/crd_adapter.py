@@ -39,9 +39,12 @@ def _spec() -> dict:
                             "inside the engine containers (for example on `modelVolume`), or "
                             "`pvc://CLAIM/PATH` where CLAIM is already mounted in the engine's "
                             f"pods (the model's pvc:// claim, at `{PVC_MOUNT_DIR}`, or "
-                            "`modelVolume`'s claim). An adapter never adds a volume to the "
-                            "pods (that would restart every group). Required. Example: "
-                            "`/models/adapters/sql-lora`.", minLength=1,
+                            "`modelVolume`'s claim), or `hf://ORG/NAME`: downloaded by the "
+                            "engine from the hub (its container's `HF_ENDPOINT`, `HF_TOKEN`) "
+                            "at the default revision, as vLLM's load endpoint does (no "
+                            "`@REVISION`). An adapter never adds a volume to the pods (that "
+                            "would restart every group), so `oci://` is refused. Required. "
+                            "Example: `/models/adapters/sql-lora`.", minLength=1,
                             pattern=SOURCE_PATTERN),
         },
         required=["engine", "source"],

@@ -7,8 +7,8 @@ A request whose `model` is an adapter goes only to the groups that list it, to t
 it when one of them is within the load bound of the least loaded (its weights are on the
 device; another group would load them first); when no group lists it, the router answers
 OpenAI's 404 naming the models there are, never a group that would 404 or, worse, answer with
-the base model. While no group lists any adapter (none loaded, or no list read yet) a request
-passes on unchanged and the engine answers for its own names.
+the base model. Only while no group's list has been read yet does a request pass on unchanged
+(the engine answers for its own names).
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ def model_of(body: bytes) -> str | None:
         return None
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
+
+
+def read_any(states: Iterable) -> bool:
+    """Whether any group's /v1/models was read: from then on a name that is neither served nor
+    listed by a group is the router's 404, never a group's (found by benchmarks/lora_churn.py:
+    an adapter just created, loaded nowhere yet, went to groups that answered 404)."""
+    return any(s.adapters is not None for s in states)
 
 
 def known(states: Iterable) -> dict[str, str]:

@@ -217,8 +217,8 @@ def build_app(router: Router) -> FastAPI:
                 return not_woken(router.holder, router.engine, outcome)
         only = None
         states = router.picker.states.values()
-        if loras := adapters.known(states):  # an adapter goes only where it is loaded
-            model = adapters.model_of(body)
+        if adapters.read_any(states):  # an adapter goes only where it is loaded
+            model, loras = adapters.model_of(body), adapters.known(states)
             if model in loras:
                 only = adapters.groups_for(model, states)
             elif model is not None and model not in router.model_names():

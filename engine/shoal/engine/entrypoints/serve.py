@@ -390,7 +390,8 @@ async def _serve(llm, args, names: list[str], started: float, defaults: dict) ->
     logger.info("API key: %s", f"{len(keys)} accepted on /v1" if keys else "none (open)")
     tools = ToolSettings(args.enable_auto_tool_choice, args.tool_call_parser,
                          args.reasoning_parser)
-    loras = LoRARegistry() if args.enable_lora else None
+    loras = (LoRARegistry(download_dir=args.download_dir, token=args.hf_token)
+             if args.enable_lora else None)
     try:
         app = build_app(llm, served_model_names=names, api_keys=keys, sampling_defaults=defaults,
                         tool_settings=tools, http=HttpSettings.from_args(args),

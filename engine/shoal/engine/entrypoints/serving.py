@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from shoal.engine.entrypoints.http_errors import error_json
-from shoal.engine.errors import RequestError
+from shoal.engine.errors import UnknownModelError
 from shoal.engine.frontend.async_llm import AsyncLLM
 from shoal.engine.frontend.logprobs import PositionLogprobs
 from shoal.engine.frontend.output_processor import RequestOutput
@@ -199,8 +199,8 @@ class Serving:
         lora = self.loras.get(name) if self.loras is not None else None
         if lora is None:
             served = self.served_model_names + (list(self.loras.adapters) if self.loras else [])
-            raise RequestError(f"The model `{name}` does not exist. Served models: "
-                               f"{served}.", 404)
+            raise UnknownModelError(f"The model `{name}` does not exist. Served models: "
+                                    f"{served}.")
         return lora
 
     def response_model(self, lora: LoRARequest | None) -> str:

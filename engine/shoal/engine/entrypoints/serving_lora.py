@@ -10,6 +10,7 @@ Also `load_static_adapters`, --lora-modules at start-up (any failure stops the s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from shoal.contract import lora as lora_contract
 from shoal.engine.entrypoints.http_errors import error_response
 from shoal.engine.entrypoints.serving import Serving
-from shoal.engine.lora.config import LoRARegistry
+from shoal.engine.lora.config import AdapterNotFound, LoRARegistry
 from shoal.engine.wire import LoRARequest
 
 RUNTIME_UPDATES_ENV = lora_contract.RUNTIME_UPDATES_ENV
@@ -55,8 +56,10 @@ def _reason(exc: Exception) -> str:
 async def add_adapter(llm, registry: LoRARegistry, name: str, path: str,
                       base_model_name: str | None = None) -> LoRARequest:
     """Read and check the adapter in the engine, then serve it under `name` (raises the
-    engine's error)."""
-    req = registry.new(name, path, base_model_name)
+    engine's error). A hub id is downloaded first (LoRARegistry.local_path): its snapshot
+    directory is what the engine reads and /v1/models lists as the adapter's root."""
+    local = await asyncio.to_thread(registry.local_path, path)
+    req = registry.new(name, local, base_model_name)
     await llm.call_utility("add_lora", [req.lora_name, req.lora_int_id, req.lora_path,
                                         req.base_model_name])
     registry.add(req)
@@ -96,6 +99,8 @@ def lora_router(s: Serving) -> APIRouter:
                                   "loaded.", "InvalidUserInput")
         try:
             await add_adapter(s.llm, s.loras, body.lora_name, body.lora_path)
+        except AdapterNotFound as exc:
+            return error_response(404, str(exc), "NotFoundError")
         except Exception as exc:  # noqa: BLE001 - the engine's reason is the answer
             reason = _reason(exc)
             if "does not exist" in reason or "is not readable" in reason:

@@ -56,14 +56,40 @@ def parse_lora_module(text: str) -> tuple[str, str, str | None]:
     return name, path, None
 
 
+class AdapterNotFound(Exception):
+    """An adapter's path is neither a directory nor a hub id the hub gives (the endpoint's 404,
+    as vLLM's NotFoundError)."""
+
+
 class LoRARegistry:
     """The frontend's adapters by name (static --lora-modules, runtime loads), each with the
     integer id the engine keys it by; ids are never reused, so a reloaded adapter is new to
-    the prefix cache."""
+    the prefix cache. `download_dir` and `token` are serve's --download-dir and --hf-token:
+    where an adapter given as a hub id is downloaded (`local_path`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, download_dir: str | None = None, token: str | None = None) -> None:
         self.adapters: dict[str, LoRARequest] = {}
         self._next_id = 1
+        self.download_dir, self.token = download_dir, token
+
+    def local_path(self, path: str) -> str:
+        """The directory to read an adapter from: `path` when it is a directory (or not a hub
+        id: the engine then says it does not exist); a hub id ORG/NAME, as vLLM's
+        get_adapter_absolute_path does, downloaded with huggingface_hub (at main, only the
+        files an engine reads) and its snapshot directory. Blocking: call it off the loop.
+        Raises AdapterNotFound naming the id, the cache and why (offline, no such repo, no
+        access, hub unreachable)."""
+        import os
+
+        from shoal.engine import model_files
+
+        if os.path.isdir(path) or not model_files.is_hub_id(path):
+            return path
+        try:
+            return model_files.resolve(path, download_dir=self.download_dir, token=self.token,
+                                       ignore_patterns=(), what="LoRA adapter").path
+        except model_files.ResolveError as exc:
+            raise AdapterNotFound(str(exc)) from None
 
     def new(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
         req = LoRARequest(name, self._next_id, path, base_model_name)
