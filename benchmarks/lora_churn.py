@@ -2,10 +2,13 @@
 and a pool of adapters made with the real `peft`, while client threads send completions for
 the adapters that exist through the frontend Service. A driver runs N operations, chosen at
 random: load (create an InferenceAdapter), unload (delete one), scale up or down
-(`spec.replicas` 1..3), kill a group (SIGKILL its EngineCore). Prints a markdown table:
+(`spec.replicas` 1..3), kill a group (SIGKILL its EngineCore); a scale or a kill only while
+every group is Ready (else that step is skipped), one every 0.5-1.5 s. Prints a markdown table:
 
-- requests sent to a group without their adapter: the engine's own 404 ("Served models: ...");
-  a request the router answers itself names "Available models" instead;
+- requests sent to a group without their adapter: the engine's own 404 ("Served models: ...")
+  as the client saw it, and those the frontend re-sent to another group after one
+  (`shoal_router_adapter_misses_total`); a request the router answers itself names
+  "Available models" instead;
 - adapters reported Ready while a request for them failed with a 404 (Ready at send and at
   answer);
 - every other failed request, by cause (a killed group's requests in flight fail; that is the
@@ -141,6 +144,19 @@ def watch(kube: Kube, ns: str, ads: Adapters, stop: threading.Event) -> None:
         time.sleep(0.5)
 
 
+def _settled(kube: Kube, ns: str, replicas: int) -> bool:
+    st = (kube.get(L.API_VERSION, L.PLURAL, ns, NAME) or {}).get("status") or {}
+    return st.get("phase") == "Ready" and st.get("ready") == f"{replicas}/{replicas}"
+
+
+def _router_misses(url: str) -> float:
+    """The frontend's count of adapter requests a group answered 404 for (re-sent to another
+    group): sends to a group without the adapter that the client never saw."""
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("shoal_router_adapter_misses_total"))
+
+
 def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
     kube = Kube(c.api_client())
     rng = random.Random(seed)
@@ -181,6 +197,8 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
             while ads.in_flight[name]:  # its user stopped asking for it first
                 time.sleep(0.05)
             kube.delete(L.API_VERSION, L.ADAPTER_PLURAL, ns, name)
+        elif op in ("scale", "kill") and not _settled(kube, ns, replicas):
+            op = "skipped"  # one disruption at a time: the engine first serves what it has
         elif op == "scale":
             replicas = max(1, min(3, replicas + rng.choice((-1, 1))))
             kube.patch(L.API_VERSION, L.PLURAL, ns, NAME, {"spec": {"replicas": replicas}})
@@ -198,11 +216,13 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
                   f"{counts.ok} ok, {len(counts.without_adapter)} without adapter, "
                   f"{len(counts.ready_but_404)} Ready-but-404, {sum(counts.other.values())} "
                   "other failures", flush=True)
-        time.sleep(rng.uniform(0.05, 0.3))
+        time.sleep(rng.uniform(0.5, 1.5))
     stop.set()
     for t in threads:
         t.join(timeout=90)
+    misses = _router_misses(url)
     return {"ops": dict(done), "seconds": round(time.monotonic() - t0), "ok": counts.ok,
+            "router_misses": misses,
             "without_adapter": counts.without_adapter, "ready_but_404": counts.ready_but_404,
             "other": dict(counts.other), "to_ready": ads.to_ready}
 
@@ -240,10 +260,13 @@ def main() -> int:
     p90 = f"{ready[int(0.9 * (len(ready) - 1))]:.1f}" if ready else "-"
     print(f"\n{sum(r['ops'].values())} operations in {r['seconds']} s ({ops}); "
           f"{CLIENTS} clients\n")
-    print("| requests ok | sent to a group without the adapter | Ready while a request 404s | "
-          "other failures | load -> Ready p50 (s) | p90 (s) |\n|---|---|---|---|---|---|")
-    print(f"| {r['ok']} | {len(r['without_adapter'])} | {len(r['ready_but_404'])} | "
-          f"{sum(r['other'].values())} | {p50} | {p90} |")
+    print("| requests ok | a group's 404 seen by the client | sent to a group without it, "
+          "re-sent by the router | Ready while a request 404s | other failures | "
+          "load -> Ready p50 (s) | p90 (s) |\n|---|---|---|---|---|---|---|")
+    print(f"| {r['ok']} | {len(r['without_adapter'])} | {r['router_misses']:.0f} | "
+          f"{len(r['ready_but_404'])} | {sum(r['other'].values())} | {p50} | {p90} |")
+    for cause, n in sorted(r["other"].items(), key=lambda kv: -kv[1]):
+        print(f"- other: {n} x {cause}")
     return 0
 
 

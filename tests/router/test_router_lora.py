@@ -6,6 +6,8 @@ group has is OpenAI's 404 naming what is served."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from router_helpers import (
@@ -23,6 +25,7 @@ from shoal.contract import discovery
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.spec import parse
+from shoal.router.health import PROBE_INTERVAL_S as PROBE_INTERVAL
 from support.wait import wait_for
 
 from tests.engine import lora_peft
@@ -128,3 +131,34 @@ def test_an_adapter_loaded_at_runtime_is_routed_to_where_it_was_loaded(front, gr
         assert _complete(front, "a2").status_code == 200
     after = _successes(groups)
     assert {g: after[g] - before[g] for g in groups} == {0: 0, 1: 3}
+
+
+def test_a_group_that_unloaded_an_adapter_since_its_list_was_read_is_skipped(front, groups,
+                                                                            made):
+    """The groups unload the adapter behind the routers' back (their lists are up to a probe
+    round old): each 404 drops it from that group's state and the request goes to a group that
+    still has it; with none left the 404 is the router's, naming it."""
+    name = f"gone-{front.port}"
+    for e in groups.values():
+        r = httpx.post(f"{e.url}/v1/load_lora_adapter", headers=HEADERS, timeout=60,
+                       json={"lora_name": name, "lora_path": made["a1"]})
+        assert r.status_code == 200, r.text
+    wait_for(lambda: name in _cards(front), 20, what=f"{name} listed by the router")
+    time.sleep(2 * PROBE_INTERVAL)  # both groups' lists read with it
+    misses = _misses(front)
+    unload = {"lora_name": name}
+    assert httpx.post(f"{groups[0].url}/v1/unload_lora_adapter", headers=HEADERS,
+                      json=unload, timeout=30).status_code == 200
+    for _ in range(4):
+        r = _complete(front, name)
+        assert r.status_code == 200, r.text
+    assert httpx.post(f"{groups[1].url}/v1/unload_lora_adapter", headers=HEADERS,
+                      json=unload, timeout=30).status_code == 200
+    r = _complete(front, name)
+    assert r.status_code == 404 and f"`{name}` does not exist" in r.text
+    assert "no group has it loaded now" in r.text  # the router's answer, naming the groups
+    assert _misses(front) - misses >= 1  # each group answered 404 is counted
+
+
+def _misses(front) -> float:
+    return front.metrics().get("shoal_router_adapter_misses_total", 0.0)

@@ -215,17 +215,18 @@ def build_app(router: Router) -> FastAPI:
             router.metrics.held.labels(outcome).inc()
             if outcome != READY:
                 return not_woken(router.holder, router.engine, outcome)
-        only = None
+        only, adapter = None, None
         states = router.picker.states.values()
         if adapters.read_any(states):  # an adapter goes only where it is loaded
             model, loras = adapters.model_of(body), adapters.known(states)
             if model in loras:
-                only = adapters.groups_for(model, states)
+                only, adapter = adapters.groups_for(model, states), model
             elif model is not None and model not in router.model_names():
                 return unknown_model(model, [*router.model_names(), *loras])
         keys = (await router.kv.aware.keys_of(body) if router.kv is not None
                 else request_keys(router.affinity, body))
-        return await router.proxy.forward(request, path, body, only=only, prefix=keys)
+        return await router.proxy.forward(request, path, body, only=only, prefix=keys,
+                                          adapter=adapter)
 
     async def metrics() -> bytes:
         router.refresh_gauges()

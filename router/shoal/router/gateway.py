@@ -139,20 +139,20 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
             if model not in loras:
                 return unknown_model(model, [*models, *loras])
             # A LoRA adapter: only the groups that have it loaded (adapters.py).
-            keys = (await gw.kv.aware.keys_of(body) if gw.kv is not None
-                    else request_keys(gw.affinity, body))
-            return await gw.proxy.forward(request, path, body,
-                                          only=adapters.groups_for(model, states), prefix=keys)
-        if (engine := gw.fleet.to_wake(model)) is not None:  # scaled to zero: wait for it
-            outcome = await gw.holder.wait(
-                engine, lambda: gw.picker.any_usable(only=gw.fleet.groups_of(model)))
-            gw.metrics.held.labels(outcome).inc()
-            if outcome != READY:
-                return not_woken(gw.holder, engine, outcome)
+            only, adapter = adapters.groups_for(model, states), model
+        else:
+            adapter = None
+            if (engine := gw.fleet.to_wake(model)) is not None:  # scaled to zero: wait for it
+                outcome = await gw.holder.wait(
+                    engine, lambda: gw.picker.any_usable(only=gw.fleet.groups_of(model)))
+                gw.metrics.held.labels(outcome).inc()
+                if outcome != READY:
+                    return not_woken(gw.holder, engine, outcome)
+            only = gw.fleet.groups_of(model)  # after the hold: the groups that woke
         keys = (await gw.kv.aware.keys_of(body) if gw.kv is not None
                 else request_keys(gw.affinity, body))
-        return await gw.proxy.forward(request, path, body, only=gw.fleet.groups_of(model),
-                                      prefix=keys)
+        return await gw.proxy.forward(request, path, body, only=only, prefix=keys,
+                                      adapter=adapter)
 
     async def metrics() -> bytes:
         """The gateway's own series, then every group's vllm:* summed per model."""

@@ -23,6 +23,11 @@ class RouterMetrics:
         self.retries = Counter("shoal_router_retries",
                                "Requests re-sent to another group after the first one failed "
                                "before answering.", registry=r)
+        self.adapter_misses = Counter(
+            "shoal_router_adapter_misses",
+            "Adapter requests a group answered 404 for although its last /v1/models listed the "
+            "adapter (unloaded since); each is re-sent to another group that lists it.",
+            registry=r)
         self.no_group = Counter("shoal_router_no_group",
                                 "Requests answered 503 because no engine group was usable.",
                                 registry=r)

@@ -118,6 +118,13 @@ class GroupPicker:
         if state is not None:
             state.outstanding += 1
 
+    def forget_adapter(self, key: tuple[str, int], name: str) -> None:
+        """The group answered 404 for an adapter its last list had: it is not there until the
+        next list says so (the health prober's next read)."""
+        state = self.states.get(key)
+        if state is not None and state.adapters and name in state.adapters:
+            state.adapters = {k: v for k, v in state.adapters.items() if k != name}
+
     def release(self, group: Group) -> None:
         state = self.states.get(group.key)
         if state is not None and state.group == group:

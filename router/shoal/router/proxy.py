@@ -66,6 +66,7 @@ class _Attempt:
     tried: set = field(default_factory=set)
     failures: list = field(default_factory=list)
     died: bool = False
+    missing: bool = False  # a group no longer had the request's adapter
 
 
 class Proxy:
@@ -76,15 +77,23 @@ class Proxy:
         self.client = client
 
     async def forward(self, request: Request, path: str, body: bytes | None = None,
-                      only: set | None = None, prefix: list[int] | None = None) -> Response:
+                      only: set | None = None, prefix: list[int] | None = None,
+                      adapter: str | None = None) -> Response:
         """Send the request to a group (of `only`, if given; by `prefix` keys under
-        prefix-affinity routing) and answer with what it answers."""
+        prefix-affinity routing) and answer with what it answers. For an `adapter` request, a
+        group's 404 (it unloaded the adapter since its list was read: no token was made) drops
+        the adapter from that group's state and the request goes to another group listing it;
+        with none left, the 404 is the router's, naming the adapter."""
         if body is None:
             body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k in FORWARD_REQUEST_HEADERS}
         run = _Attempt()
         while True:
             group = self.picker.pick(exclude=run.tried, only=only, prefix=prefix)
+            if group is None and run.missing:
+                return error_response(404, f"The model `{adapter}` does not exist: no group "
+                                      f"has it loaded now ({'; '.join(run.failures)}).",
+                                      "NotFoundError")
             if group is None:
                 self.metrics.no_group.inc()
                 others = self.picker.why_none(exclude=run.tried, only=only)
@@ -120,6 +129,16 @@ class Proxy:
                 raw = await self._read_quietly(upstream)
                 self._failed(group, path, "unavailable",
                              f"answered 503: {upstream_message(raw)}", run.failures)
+                continue
+            if upstream.status_code == 404 and adapter is not None:
+                raw = await self._read_quietly(upstream)
+                self._finish(group, path, "client_error")
+                self.metrics.adapter_misses.inc()
+                self.picker.forget_adapter(group.key, adapter)
+                run.missing = True
+                run.failures.append(f"{group.name} answered 404: {upstream_message(raw)}")
+                logger.info("%s: %s no longer has adapter %s; trying another group", path,
+                            group.name, adapter)
                 continue
             try:
                 return await self._respond(request, upstream, group, path, run, only)
