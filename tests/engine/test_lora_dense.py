@@ -51,3 +51,15 @@ def test_the_dense_parts_give_each_token_its_own_slots_columns():
     assert mask.shape == (4, SLOTS * RANK)
     assert mask[0, :RANK].tolist() == [1.0] * RANK and mask[0, RANK:].sum() == 0
     assert mask[3].sum() == 0
+
+
+def test_the_float_copy_is_shared_only_by_the_same_unchanged_input():
+    batch = LoRABatch([(0, slice(0, 2))])
+    x = torch.randn(2, 16).to(torch.bfloat16)
+    first = batch.as_float(x)
+    assert batch.as_float(x) is first  # q, k and v read the same hidden states
+    x.mul_(2)  # changed in place: cast again
+    again = batch.as_float(x)
+    assert again is not first and torch.equal(again, x.float())
+    other = torch.randn(2, 16).to(torch.bfloat16)
+    assert torch.equal(batch.as_float(other), other.float())

@@ -35,10 +35,25 @@ class LoRABatch:
     groups: list[tuple[int, slice | torch.Tensor]]
     row_slot: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    # The float32 copy of the last input: q/k/v (and gate/up) read the same hidden states,
+    # cast once per step and layer instead of once per projection.
+    _src: torch.Tensor | None = None
+    _src_version: int = -1
+    _f32: torch.Tensor | None = None
 
     @property
     def dense(self) -> bool:
         return self.mask is not None
+
+    def as_float(self, x2: torch.Tensor) -> torch.Tensor:
+        if x2.dtype == torch.float32:
+            return x2
+        src = self._src  # held, so its storage is not reused while cached
+        if (src is not None and src.data_ptr() == x2.data_ptr() and src.shape == x2.shape
+                and self._src_version == x2._version):
+            return self._f32
+        self._src, self._src_version, self._f32 = x2, x2._version, x2.float()
+        return self._f32
 
 
 def dense_parts(spans: dict[int, list[tuple[int, int]]], tokens: int, slots: int, max_rank: int,
@@ -114,30 +129,26 @@ class LoRALinear(nn.Module):
             r = self.ranks[slot]
             if r == 0:
                 continue
-            xs = x2[rows]
-            if xs.dtype != torch.float32:
-                xs = xs.float()
+            xs = batch.as_float(x2)[rows]
             a, b = self.lora_a[slot, :r], self.lora_b[slot, :, :r]
             delta = (xs @ a.T) @ b.T * self.scalings[slot]
-            if y2.dtype == torch.float32:
-                if isinstance(rows, slice):
-                    y2[rows] += delta
-                else:
-                    y2.index_add_(0, rows, delta)
+            if isinstance(rows, slice):
+                # in place: a bf16 y and a float32 delta add in float32, rounded once (the
+                # same as (y.float() + delta).to(bf16), in one pass)
+                y2[rows] += delta
+            elif y2.dtype == torch.float32:
+                y2.index_add_(0, rows, delta)
             else:
                 y2[rows] = (y2[rows].float() + delta).to(y2.dtype)
         return y
 
     def _dense(self, x2: torch.Tensor, y2: torch.Tensor, batch: LoRABatch) -> None:
-        xs = x2 if x2.dtype == torch.float32 else x2.float()
+        xs = batch.as_float(x2)
         h = torch.mm(xs, self.lora_a.view(-1, self.in_features).T)
         h.mul_(batch.mask)
         delta = torch.mm(h, self.b_all.T)
-        scale = self.scale_of[batch.row_slot].unsqueeze(1)
-        if y2.dtype == torch.float32:
-            y2.addcmul_(delta, scale)
-        else:
-            y2.copy_(torch.addcmul(y2.float(), delta, scale))
+        # in place, computed in float32 and rounded once (as the per-group form)
+        y2.addcmul_(delta, self.scale_of[batch.row_slot].unsqueeze(1))
 
     def extra_repr(self) -> str:
         return f"slots={self.lora_a.shape[0]}, max_rank={self.lora_a.shape[1]}"
