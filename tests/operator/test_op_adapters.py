@@ -161,3 +161,12 @@ def test_events_say_each_new_fact_once():
     assert adapter_events(ready, ready) == []
     err = {**loading, "lastError": {"group": 1, "message": "does not exist"}}
     assert adapter_events(loading, err) == [("Warning", "LoadFailed", "group 1: does not exist")]
+
+
+def test_a_restarted_group_has_nothing_its_old_pod_had():
+    view = View(loaded={0: frozenset({"sql"}), 1: frozenset({"sql"})},
+                answers={("bad", 0): _answer(400, "rank"), ("bad", 1): _answer(400, "rank")},
+                urls={0: "http://10.0.0.1:8000", 1: "http://10.0.0.2:8000"})
+    now = view.of({0: "http://10.0.0.1:8000", 1: "http://10.0.0.9:8000"})  # group 1: new pod
+    assert now.has(0, "sql") and now.answered(0, "bad")
+    assert not now.has(1, "sql") and not now.answered(1, "sql") and not now.answered(1, "bad")

@@ -118,7 +118,7 @@ class AdapterPass:
         if self.sync is None or not seen.paths:
             return seen
         seen.serving = serving_groups(by_group, spec.nodes_per_group)
-        seen.view = self.sync.view(ref.namespace, ref.name)
+        seen.view = self.sync.view(ref.namespace, ref.name).of(seen.serving)
         if self.sync.bound:
             for g in seen.serving:
                 left = tuple(n for n in sorted(seen.paths) if not seen.view.answered(g, n))

@@ -92,6 +92,17 @@ class View:
     loaded: Mapping[int, frozenset[str] | None] = field(default_factory=dict)
     answers: Mapping[tuple[str, int], Answer] = field(default_factory=dict)
     probes: Mapping[str, Probe] = field(default_factory=dict)
+    urls: Mapping[int, str] = field(default_factory=dict)  # group -> the rank 0 it was read from
+
+    def of(self, groups: Mapping[int, str]) -> View:
+        """Only what was read from these groups' current rank 0 (group -> base URL): a group
+        restarted since (a new pod, another address) has nothing loaded and nothing answered
+        yet, whatever its old pod had (found by benchmarks/lora_churn.py: a restarted group
+        counted its old pod's adapters and was not held)."""
+        same = {g for g, u in self.urls.items() if groups.get(g) == u}
+        return View(loaded={g: n for g, n in self.loaded.items() if g in same},
+                    answers={k: a for k, a in self.answers.items() if k[1] in same},
+                    probes=self.probes, urls={g: self.urls[g] for g in same})
 
     def has(self, group: int, name: str) -> bool:
         return name in (self.loaded.get(group) or ())
@@ -209,7 +220,7 @@ class AdapterSync:
 
     async def sync_once(self, key: tuple[str, str], want: Want) -> View:
         """One round for one engine (the task's body; a test calls it directly)."""
-        old = self.view(*key)
+        old = self.view(*key).of(want.groups)
         now = time.time()
         reads = await asyncio.gather(*(self._http.models(u, want.engine_key)
                                        for u in want.groups.values()))
@@ -237,7 +248,7 @@ class AdapterSync:
                 else:
                     answers[(name, g)] = answer
         probes = await self._probes(key, want, old, loaded, now)
-        view = View(loaded=loaded, answers=answers, probes=probes)
+        view = View(loaded=loaded, answers=answers, probes=probes, urls=dict(want.groups))
         with self._lock:
             if key not in self._wants:  # unfollowed meanwhile
                 return view
