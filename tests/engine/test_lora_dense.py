@@ -53,13 +53,13 @@ def test_the_dense_parts_give_each_token_its_own_slots_columns():
     assert mask[3].sum() == 0
 
 
-def test_the_float_copy_is_shared_only_by_the_same_unchanged_input():
+def test_the_float_copy_is_shared_only_by_siblings_reading_the_same_input():
     batch = LoRABatch([(0, slice(0, 2))])
+    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
     x = torch.randn(2, 16).to(torch.bfloat16)
-    first = batch.as_float(x)
-    assert batch.as_float(x) is first  # q, k and v read the same hidden states
-    x.mul_(2)  # changed in place: cast again
-    again = batch.as_float(x)
-    assert again is not first and torch.equal(again, x.float())
+    first = batch.as_float(x, attn)
+    assert batch.as_float(x, attn) is first  # q, k and v read the same hidden states
+    assert batch.as_float(x, mlp) is not first  # another module: cast again
     other = torch.randn(2, 16).to(torch.bfloat16)
-    assert torch.equal(batch.as_float(other), other.float())
+    assert torch.equal(batch.as_float(other, mlp), other.float())
+    assert batch.as_float(x, None) is not batch.as_float(x, None)  # no scope: never shared

@@ -35,24 +35,27 @@ class LoRABatch:
     groups: list[tuple[int, slice | torch.Tensor]]
     row_slot: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    # The float32 copy of the last input: q/k/v (and gate/up) read the same hidden states,
-    # cast once per step and layer instead of once per projection.
+    # The float32 copy of the last input: q/k/v (and gate/up) read the same hidden states, so
+    # it is cast once per module and step instead of once per projection. Keyed by the
+    # projections' parent module (their scope) and the input's storage, held meanwhile so it
+    # cannot be reused; in-place changes are not tracked (inference tensors have no version
+    # counter), so a scope never outlives the sibling calls of one forward.
+    _scope: str | None = None
     _src: torch.Tensor | None = None
-    _src_version: int = -1
     _f32: torch.Tensor | None = None
 
     @property
     def dense(self) -> bool:
         return self.mask is not None
 
-    def as_float(self, x2: torch.Tensor) -> torch.Tensor:
+    def as_float(self, x2: torch.Tensor, scope: str | None = None) -> torch.Tensor:
         if x2.dtype == torch.float32:
             return x2
-        src = self._src  # held, so its storage is not reused while cached
-        if (src is not None and src.data_ptr() == x2.data_ptr() and src.shape == x2.shape
-                and self._src_version == x2._version):
+        src = self._src
+        if (scope is not None and scope == self._scope and src is not None
+                and src.data_ptr() == x2.data_ptr() and src.shape == x2.shape):
             return self._f32
-        self._src, self._src_version, self._f32 = x2, x2._version, x2.float()
+        self._scope, self._src, self._f32 = scope, x2, x2.float()
         return self._f32
 
 
@@ -81,9 +84,11 @@ def active(batch: LoRABatch | None):
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Module, slots: int, max_rank: int, device) -> None:
+    def __init__(self, base: nn.Module, slots: int, max_rank: int, device,
+                 scope: str | None = None) -> None:
         super().__init__()
         self.base = base
+        self.scope = scope  # the parent module's name: siblings share their input's float32 copy
         self.in_features, self.out_features = base.in_features, base.out_features
         f32 = dict(dtype=torch.float32, device=device)
         # Not Parameters or buffers: engine state, outside state_dict and .to().
@@ -129,7 +134,7 @@ class LoRALinear(nn.Module):
             r = self.ranks[slot]
             if r == 0:
                 continue
-            xs = batch.as_float(x2)[rows]
+            xs = batch.as_float(x2, self.scope)[rows]
             a, b = self.lora_a[slot, :r], self.lora_b[slot, :, :r]
             delta = (xs @ a.T) @ b.T * self.scalings[slot]
             if isinstance(rows, slice):
@@ -143,7 +148,7 @@ class LoRALinear(nn.Module):
         return y
 
     def _dense(self, x2: torch.Tensor, y2: torch.Tensor, batch: LoRABatch) -> None:
-        xs = batch.as_float(x2)
+        xs = batch.as_float(x2, self.scope)
         h = torch.mm(xs, self.lora_a.view(-1, self.in_features).T)
         h.mul_(batch.mask)
         delta = torch.mm(h, self.b_all.T)

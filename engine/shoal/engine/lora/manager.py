@@ -34,7 +34,7 @@ def wrap_model(model: nn.Module, slots: int, max_rank: int, device) -> dict[str,
         for child_name, child in list(parent.named_children()):
             if child_name not in TARGET_NAMES or not hasattr(child, "in_features"):
                 continue
-            layer = LoRALinear(child, slots, max_rank, device)
+            layer = LoRALinear(child, slots, max_rank, device, scope=parent_name)
             setattr(parent, child_name, layer)
             wrapped[f"{parent_name}.{child_name}" if parent_name else child_name] = layer
     return wrapped
