@@ -179,3 +179,21 @@ def test_the_production_example_places_its_pods_and_keeps_the_operators_parts():
         assert engine["args"][:2] == ["serve", "Qwen/Qwen2.5-7B-Instruct"]
     (dep,) = [c for c in children if c["kind"] == "Deployment"]
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"node-pool": "cpu"}
+
+
+def test_every_example_adapter_is_valid_and_names_an_engine_with_lora():
+    from shoal.operator import crd_adapter
+
+    (version,) = crd_adapter.crd()["spec"]["versions"]
+    validator = jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
+    seen = 0
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        objs = load_all(path)
+        engines = {o["metadata"]["name"]: o for o in objs if o.get("kind") == "InferenceEngine"}
+        for a in (o for o in objs if o.get("kind") == "InferenceAdapter"):
+            seen += 1
+            errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
+                      for e in validator.iter_errors(a)]
+            assert errors == [], f"{path.name} {a['metadata']['name']}: {errors}"
+            assert "lora" in engines[a["spec"]["engine"]]["spec"], path.name
+    assert seen >= 2
