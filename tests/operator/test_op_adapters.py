@@ -63,6 +63,11 @@ def test_spec_lora_gives_every_rank_vllms_flags_and_rank_0_runtime_loading():
         assert args[i:i + 7] == ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
                                  "--max-cpu-loras", "8"]
         assert {"name": lora.RUNTIME_UPDATES_ENV, "value": "true"} in c["env"]
+        assert {"name": "HF_HUB_OFFLINE", "value": "0"} in c["env"]  # hf:// adapters
+    ref, hf = parse(engine().set(model="hf://org/llm", lora={}).obj())
+    (c,) = [c for c in render.engine_pod(ref, hf, 0, 0)["spec"]["containers"]
+            if c["name"] == "engine"]
+    assert [e["value"] for e in c["env"] if e["name"] == "HF_HUB_OFFLINE"] == ["1"]
     ref, plain = parse(engine().obj())
     (c,) = [c for c in render.engine_pod(ref, plain, 0, 0)["spec"]["containers"]
             if c["name"] == "engine"]
@@ -170,3 +175,14 @@ def test_a_restarted_group_has_nothing_its_old_pod_had():
     now = view.of({0: "http://10.0.0.1:8000", 1: "http://10.0.0.9:8000"})  # group 1: new pod
     assert now.has(0, "sql") and now.answered(0, "bad")
     assert not now.has(1, "sql") and not now.answered(1, "sql") and not now.answered(1, "bad")
+
+
+def test_a_group_whose_list_did_not_answer_is_held_for_a_while_only():
+    from shoal.operator.adapter_sync import NO_LIST_HOLD_SECONDS
+
+    silent = Answer(False, 0, "group 0: did not answer", "/models/a", 100.0, unlisted=True)
+    view = View(loaded={0: None}, answers={("sql", 0): silent})
+    assert not view.answered(0, "sql", now=100.0 + NO_LIST_HOLD_SECONDS - 1)
+    assert view.answered(0, "sql", now=100.0 + NO_LIST_HOLD_SECONDS)
+    refused = View(answers={("sql", 0): _answer(404, "does not exist")})
+    assert refused.answered(0, "sql", now=0.0)  # an engine's answer releases at once

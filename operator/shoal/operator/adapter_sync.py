@@ -39,6 +39,9 @@ READ_TIMEOUT_SECONDS = 2.0
 LOAD_TIMEOUT_SECONDS = 120.0  # reading and checking an adapter's weights in the engine
 PROBE_TIMEOUT_SECONDS = 60.0  # one token through a frontend, behind whatever is queued
 REPROBE_SECONDS = 60.0
+# A new group whose /v1/models does not answer is held this long before it counts as answered
+# (a pod just Ready on a busy node can miss a 2 s read; a hold must still end).
+NO_LIST_HOLD_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Answer:
     status: int  # HTTP status; 0: no answer
     message: str
     path: str
-    at: float  # time.time()
+    at: float  # time.time(); for `unlisted`, the first time the list did not answer
+    unlisted: bool = False  # no load was tried: the group's /v1/models did not answer
 
     @property
     def permanent(self) -> bool:
@@ -107,9 +111,17 @@ class View:
     def has(self, group: int, name: str) -> bool:
         return name in (self.loaded.get(group) or ())
 
-    def answered(self, group: int, name: str) -> bool:
-        """The group has it, or said why not (a new group is held until then)."""
-        return self.has(group, name) or (name, group) in self.answers
+    def answered(self, group: int, name: str, now: float | None = None) -> bool:
+        """The group has it, or said why not (a new group is held until then); a group whose
+        list did not answer counts only after NO_LIST_HOLD_SECONDS."""
+        if self.has(group, name):
+            return True
+        a = self.answers.get((name, group))
+        if a is None:
+            return False
+        if a.status == 0 and a.unlisted:
+            return (now if now is not None else time.time()) - a.at >= NO_LIST_HOLD_SECONDS
+        return True
 
     def groups_with(self, name: str) -> frozenset[int]:
         return frozenset(g for g, names in self.loaded.items() if name in (names or ()))
@@ -234,12 +246,13 @@ class AdapterSync:
                     answers.pop((name, g), None)
                     continue
                 last = answers.get((name, g))
-                if last is not None and last.path == path and (
+                if last is not None and last.path == path and not last.unlisted and (
                         last.permanent or now - last.at < RETRY_SECONDS):
                     continue
-                if have is None:  # no list: an answer, so a new group is not held for ever
+                if have is None:  # no list: held for a while, not for ever (View.answered)
+                    first = last.at if last is not None and last.unlisted else now
                     answers[(name, g)] = Answer(False, 0, f"group {g}: {base}{lora.MODELS_PATH}"
-                                                " did not answer", path, now)
+                                                " did not answer", path, first, unlisted=True)
                     continue
                 answer = await self._load(g, base, name, path, want.engine_key)
                 if answer.ok:

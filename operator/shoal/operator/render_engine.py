@@ -93,6 +93,8 @@ def engine_env(spec: EngineSpec) -> list[dict]:
     ]
     if spec.lora is not None:  # the operator loads InferenceAdapters at runtime
         env.append({"name": lora_contract.RUNTIME_UPDATES_ENV, "value": "true"})
+        if not spec.source.is_hf:  # the image is offline; an hf:// adapter is downloaded
+            env.append({"name": "HF_HUB_OFFLINE", "value": "0"})
     return env + model_parts(spec).env + list(spec.engine_env)
 
 
