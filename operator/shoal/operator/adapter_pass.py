@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ from shoal.operator.observed import no_empty_strings, pod_ready
 from shoal.operator.spec import EngineRef, EngineSpec
 
 log = logging.getLogger("shoal.operator.adapters")
+
+KEYS_SECONDS = 60.0  # a rotated key in a Secret is picked up within this
 
 # (namespace, engine name) -> the InferenceAdapters naming it, as the API or an index holds them
 AdapterSource = Callable[[str, str], list[dict]]
@@ -93,6 +96,7 @@ class AdapterPass:
         self.kube, self.sync = kube, sync
         self.source = source or listed_adapters(kube)
         self._written: dict[str, dict] = {}  # adapter uid -> the status this operator wrote
+        self._key_memo: dict[tuple, tuple] = {}  # engine -> (spec key, read at, keys)
 
     def observe(self, ref: EngineRef, spec: EngineSpec, by_group: dict,
                 deleting: bool) -> Seen:
@@ -133,11 +137,7 @@ class AdapterPass:
                 want = Want(groups=dict(seen.serving), adapters=dict(seen.paths),
                             service=(f"http://{L.service_name(ref.name)}.{ref.namespace}.svc:"
                                      f"{L.HTTP_PORT}"),
-                            api_key=self._api_key(
-                                ref, render.frontend_deployment(ref, spec)["spec"]["template"],
-                                L.FRONTEND_CONTAINER),
-                            engine_key=self._api_key(ref, render.engine_pod(ref, spec, 0, 0),
-                                                     L.ENGINE_CONTAINER))
+                            **self._keys(ref, spec))
             self.sync.follow(ref.namespace, ref.name, want)
         for a in seen.adapters:
             if not a.deleting:
@@ -168,6 +168,22 @@ class AdapterPass:
         self._written[a.ref.uid] = new
         for type_, reason, message in adapter_events(old, new):
             events.emit(self.kube, a.ref, type_, reason, message)
+
+    def _keys(self, ref: EngineRef, spec: EngineSpec) -> dict:
+        """api_key and engine_key for the sync, read at most every KEYS_SECONDS per engine
+        and spec (rendering the pods and a Secret GET are not work for every pass)."""
+        memo_key = (ref.namespace, ref.name, spec.revision, repr(spec.frontend_template))
+        now = time.monotonic()
+        hit = self._key_memo.get((ref.namespace, ref.name))
+        if hit is not None and hit[0] == memo_key and now - hit[1] < KEYS_SECONDS:
+            return hit[2]
+        keys = {"api_key": self._api_key(
+                    ref, render.frontend_deployment(ref, spec)["spec"]["template"],
+                    L.FRONTEND_CONTAINER),
+                "engine_key": self._api_key(ref, render.engine_pod(ref, spec, 0, 0),
+                                            L.ENGINE_CONTAINER)}
+        self._key_memo[(ref.namespace, ref.name)] = (memo_key, now, keys)
+        return keys
 
     def _api_key(self, ref: EngineRef, pod: dict, container: str) -> str | None:
         """The first key a rendered container checks (SHOAL_API_KEY, VLLM_API_KEY), written in
