@@ -9,7 +9,7 @@ import copy
 import datetime as dt
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from shoal.contract.termination import Cause, encode, write_termination_message
 from shoal.operator import labels as L
 from shoal.operator import render
 from shoal.operator.actions import ApplyChildren, CreatePods, DeletePod, EmitEvent, WriteDiscovery
+from shoal.operator.node_loss import NodeHealth
 from shoal.operator.observed import STALL_MARGIN_SECONDS
 from shoal.operator.plan import Memory, Observed, plan
 from shoal.operator.spec import EngineRef, EngineSpec
@@ -35,7 +36,7 @@ def iso(t: dt.datetime) -> str:
 
 def pod(g: int, r: int, *, ready: bool = True, rev: str | None = None, created: float = -600,
         deleting: float | None = None, exit_code: int | None = None, message: str = "",
-        reason: str = "Error", grace: int | None = None) -> dict:
+        reason: str = "Error", grace: int | None = None, node: str = "node-a") -> dict:
     """An engine pod as the API server returns it: running (and Ready), stopping since
     `deleting` seconds, or its engine container terminated with `exit_code`."""
     labels = {L.LABEL_GROUP: str(g), L.LABEL_RANK: str(r), L.LABEL_REVISION: rev or CURRENT}
@@ -52,7 +53,7 @@ def pod(g: int, r: int, *, ready: bool = True, rev: str | None = None, created: 
                  "finishedAt": iso(at(0))}
         status = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
             {"name": L.ENGINE_CONTAINER, "state": {"terminated": ended}}]}
-    return {"metadata": meta, "spec": {"nodeName": "node-a"}, "status": status}
+    return {"metadata": meta, "spec": {"nodeName": node}, "status": status}
 
 
 BASE = engine("llm", "ns").groups(1).ranks(2)
@@ -88,9 +89,19 @@ class Case:
     phases: dict = field(default_factory=dict)  # group -> phase after the pass
     in_flight: dict = field(default_factory=dict)  # draining group -> rank 0's requests, as probed
     adapters: dict = field(default_factory=dict)  # group -> InferenceAdapters not answered yet
+    nodes: dict = field(default_factory=dict)  # node -> NodeHealth (the others: healthy)
 
 
 OOM = dict(exit_code=137, reason="OOMKilled")
+
+
+def down(since: float, ready: str = "Unknown") -> dict:
+    """node-b's Ready condition as the node controller sets it when the kubelet goes quiet."""
+    return {"node-b": NodeHealth(ready=ready, since=iso(at(since)), reason="NodeStatusUnknown",
+                                 message="Kubelet stopped posting node status.")}
+
+
+ON_B = dict(node="node-b")
 CASES = [
     Case("a new engine gets its singletons, then every group in index order",
          pods=[], spec=engine("llm", "ns").groups(2).ranks(2),
@@ -213,6 +224,39 @@ CASES = [
          pods=[pod(0, 0), pod(0, 1, ready=False)], memory=[group(0, "Starting")],
          adapters={0: ("sql",)}, actions=(ApplyChildren(()), WriteDiscovery(())),
          requeue=-600 + 1200 + STALL_MARGIN_SECONDS, phases={0: "Starting"}),
+    Case("a rank's node NotReady within restartPolicy.nodeLostSeconds: nothing yet, "
+         "a look when the bound ends",
+         pods=[pod(0, 0), pod(0, 1, **ON_B)], memory=[group(0, "Ready")], nodes=down(-10),
+         actions=(ApplyChildren((0,)), WriteDiscovery((0,))), requeue=20, phases={0: "Ready"}),
+    Case("a rank's node lost past the bound: the group dies, its pod there goes with grace 0, "
+         "the others stop as a dead group's",
+         pods=[pod(0, 0), pod(0, 1, **ON_B)], memory=[group(0, "Ready")], nodes=down(-30),
+         actions=(ApplyChildren((0,)), ev("Warning", "EngineDied"), ev("Normal", "GroupRestarting"),
+                  dead(0), delete(0, 1, grace=0), WriteDiscovery(())),
+         requeue=10, phases={0: "BackingOff"}),
+    Case("a starting group whose node reports NotReady itself is lost the same way",
+         pods=[pod(0, 0, ready=False, **ON_B), pod(0, 1, ready=False)],
+         memory=[group(0, "Starting")], nodes=down(-45, ready="False"),
+         actions=(ApplyChildren(()), ev("Warning", "EngineDied"), ev("Normal", "GroupRestarting"),
+                  delete(0, 0, grace=0), dead(1), WriteDiscovery(())),
+         requeue=10, phases={0: "BackingOff"}),
+    Case("a pod evicted onto Terminating on a lost node is removed with grace 0; the restart "
+         "waits for it no longer",
+         pods=[pod(0, 1, deleting=-5, grace=30, **ON_B)], nodes=down(-60),
+         memory=[group(0, "BackingOff", restarts=1, nextRestartTime=iso(at(5)))],
+         actions=(ApplyChildren(()), delete(0, 1, grace=0), WriteDiscovery(())),
+         requeue=5, phases={0: "BackingOff"}),
+    Case("a draining rank 0 on a lost node is removed with grace 0 (its drain cannot finish)",
+         pods=[pod(0, 0), pod(0, 1), pod(1, 0, deleting=-5, grace=45, **ON_B), pod(1, 1)],
+         nodes=down(-40),
+         memory=[group(0, "Ready"),
+                 group(1, "Draining", stopReason="scale-down", drainStartTime=iso(at(-5)))],
+         actions=(ApplyChildren((0,)), delete(1, 0, grace=0), WriteDiscovery((0,))),
+         requeue=25 + render.SHUTDOWN_MARGIN_SECONDS, phases={0: "Ready", 1: "Draining"}),
+    Case("a node Ready again before the bound changes nothing",
+         pods=[pod(0, 0), pod(0, 1, **ON_B)], memory=[group(0, "Ready")],
+         nodes=down(-100, ready="True"),
+         actions=(ApplyChildren((0,)), WriteDiscovery((0,))), phases={0: "Ready"}),
     Case("an invalid spec creates nothing",
          pods=[], spec=engine("llm", "ns").ranks(2, tp=3), actions=(), phases={}),
 ]
@@ -239,7 +283,7 @@ def _run(case: Case):
         m["index"]: {**m, "revision": rev if m["revision"] == CURRENT else m["revision"]}
         for m in case.memory})
     observed = Observed(ref=EngineRef.of(body), pods=by_group, in_flight=case.in_flight,
-                        deleting=case.deleting, adapters_pending=case.adapters)
+                        deleting=case.deleting, adapters_pending=case.adapters, nodes=case.nodes)
     return plan(spec, observed, memory, case.now)
 
 
@@ -266,6 +310,30 @@ def test_a_death_already_handled_is_not_acted_on_again():
     assert _shape(got.actions) == (ApplyChildren(()), WriteDiscovery(())), \
         "no second Event, no second delete"
     assert got.groups[0]["phase"] == "Failed" and got.restart_count == 0
+
+
+def test_a_lost_node_is_recorded_like_any_death_naming_node_and_rank():
+    got = _run(case("a rank's node lost past the bound"))
+    lf = got.last_failure
+    assert (lf["cause"], lf["reason"], lf["node"], lf["rank"], lf["pod"], lf["permanent"]) == (
+        "node_lost", "NodeLost", "node-b", 1, "llm-g0-r1", False)
+    assert lf["message"].startswith("node node-b of rank 1 has been Ready=Unknown since "
+                                    f"{iso(at(-30))}, past restartPolicy.nodeLostSeconds (30s): "
+                                    "NodeStatusUnknown: Kubelet stopped posting node status.")
+    assert got.restart_count == 1 and got.groups[0]["restarts"] == 1
+    died = next(a for a in got.actions if isinstance(a, EmitEvent) and a.reason == "EngineDied")
+    assert "group 0 rank 1 pod llm-g0-r1 died (node_lost" in died.message
+    again = Case("again", pods=case("a rank's node lost").pods, memory=[got.groups[0]],
+                 nodes=down(-31))
+    second = _run(again)
+    assert second.restart_count == 0 and not any(
+        isinstance(a, EmitEvent) for a in second.actions), "one loss, one restart"
+
+
+def test_the_node_lost_bound_is_the_spec_field():
+    slow = replace(case("a rank's node lost past"),
+                   spec=engine("llm", "ns").groups(1).ranks(2).restart(nodeLostSeconds=120))
+    assert _run(slow).requeue_after == 90 and _run(slow).groups[0]["phase"] == "Ready"
 
 
 def test_a_group_held_for_its_adapters_says_which():

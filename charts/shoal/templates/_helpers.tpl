@@ -95,3 +95,23 @@ app.kubernetes.io/part-of: shoal
 {{- toJson (list .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A pod on a node that stopped answering (or reports NotReady) is evicted after
+lostNodeTolerationSeconds instead of Kubernetes' default 300 s, so the Deployment replaces it on
+another node sooner (issue 29: a lost node). Empty when the value is null.
+*/}}
+{{- define "shoal.lostNodeTolerations" -}}
+{{- if kindIs "float64" .Values.lostNodeTolerationSeconds }}
+- key: node.kubernetes.io/unreachable
+  operator: Exists
+  effect: NoExecute
+  tolerationSeconds: {{ int .Values.lostNodeTolerationSeconds }}
+- key: node.kubernetes.io/not-ready
+  operator: Exists
+  effect: NoExecute
+  tolerationSeconds: {{ int .Values.lostNodeTolerationSeconds }}
+{{- else }}
+[]
+{{- end }}
+{{- end -}}

@@ -77,6 +77,10 @@ cluster-scoped rules always need the ClusterRole.
 {{- end -}}
 
 {{- define "shoal.rules.cluster" -}}
+# Node health: a rank on a node NotReady past restartPolicy.nodeLostSeconds is a dead group.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
 # kopf follows CRDs, so a CRD installed after the operator started is still served.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]

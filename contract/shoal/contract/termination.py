@@ -58,6 +58,8 @@ class Cause(str, enum.Enum):
     # The model fetch (shoal.contract.model_fetch), appended in issue 23:
     MODEL_ACCESS_DENIED = "model_access_denied"  # 401/403 or a gated repository: permanent
     DOWNLOAD_FAILED = "download_failed"  # network or hub error: transient, retried with back-off
+    # Appended in issue 29:
+    NODE_LOST = "node_lost"  # a rank's node NotReady/Unknown past its bound (set by the operator)
 
 
 # Restarting the group cannot fix these; the operator stops and says so in a condition.

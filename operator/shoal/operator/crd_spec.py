@@ -355,6 +355,16 @@ def _restart_policy() -> dict:
                                       "has its consecutive-restart count and backoff reset. "
                                       "Example: `3600`. Default: `600`.",
                                       "restartPolicy.resetAfterSeconds", 0, 604800),
+            "nodeLostSeconds": _int(
+                "nodeLostSeconds: when the node of any rank has been NotReady or Unknown this "
+                "long (counted from its Ready condition's last transition), the group is dead "
+                "with cause `node_lost` naming the node and rank: the rank pods on that node are "
+                "removed at once (grace 0: the node cannot confirm a stop, and an engine holds no "
+                "durable state) and the group is recreated on other nodes with the usual backoff. "
+                "Frontend pods tolerate such a node for the same time before Kubernetes evicts "
+                "and replaces them. Without it, Kubernetes evicts after 5 minutes and the pods "
+                "then stay Terminating until the node returns. Example: `60`. Default: `30`.",
+                "restartPolicy.nodeLostSeconds", 0, 3600),
         },
         default={},
     )

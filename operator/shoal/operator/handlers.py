@@ -4,6 +4,7 @@ Triggers, all funnelled into one `OperatorState.run_pass` (a `Reconciler.reconci
 a per-resource lock); the state is made at startup and kept in kopf's `memo` (operator_state.py):
 - the InferenceEngine is created, resumed (operator start) or its spec/metadata changes;
 - any engine or frontend pod of ours changes (a rank got ready, terminated, was deleted);
+- a node whose Ready condition changed, for the engines with pods on it (node_index.py);
 - the time a pass planned (a backoff deadline, a drain's deadline): `Wakeups` runs that pass
   when it is due, so a restart due in 37 s happens at 37 s;
 - a new in-flight count of a draining rank 0 (drain_probe.py);
@@ -28,6 +29,7 @@ from shoal.operator import adapter_pass, events, pod_index
 from shoal.operator import labels as L
 from shoal.operator.adapter_spec import Adapter
 from shoal.operator.kube import Kube
+from shoal.operator.node_loss import NodeHealth
 from shoal.operator.operator_state import OperatorState
 
 log = logging.getLogger("shoal.operator")
@@ -48,6 +50,20 @@ def pods_by_engine(namespace, labels, body, **_):
     """Engine and frontend pods by (namespace, engine, component): a pass reads them here."""
     key = pod_index.key_of(namespace, labels)
     return {key: pod_index.snapshot(body)} if key else None
+
+
+@kopf.index("", "v1", "nodes")
+def nodes_health(name, body, **_):
+    """Each node's Ready condition (node_loss.py): a pass reads the nodes of its pods here."""
+    return {name: NodeHealth.of(body)}
+
+
+@kopf.on.event("", "v1", "nodes")
+def on_node(name, body, type, memo: kopf.Memo, **kw):
+    """A node whose Ready condition changed wakes the engines with pods on it."""
+    state = _state(memo, kw)
+    state.on_node(name, None if type == "DELETED" else NodeHealth.of(body),
+                  kw.get(pod_index.INDEX))
 
 
 @kopf.on.startup()

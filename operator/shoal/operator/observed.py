@@ -13,6 +13,7 @@ from shoal.operator import labels as L
 from shoal.operator.actions import Action, EmitEvent
 from shoal.operator.failures import Failure, is_stopping
 from shoal.operator.fetch_progress import fetching
+from shoal.operator.node_loss import NodeHealth, on_lost_node
 from shoal.operator.phases import GroupStage
 from shoal.operator.spec import EngineRef, EngineSpec
 
@@ -64,6 +65,9 @@ class Observed:
     # group -> the InferenceAdapters its rank 0 has not answered for yet (adapter_pass.py): a
     # group that was not Ready stays Starting (LoadingAdapters) until each is loaded or refused
     adapters_pending: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    # the Ready condition of each node our engine pods are on (node_loss.py); a node missing
+    # here is one the API does not have (or has not said anything about)
+    nodes: Mapping[str, NodeHealth] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,12 +109,19 @@ class PassState:
     drain_probes: dict = field(default_factory=dict)  # group -> rank 0's /metrics URL to read
     fetch_logs: Mapping = field(default_factory=dict)  # group -> rank -> model-fetch log tail
     adapters_pending: Mapping = field(default_factory=dict)  # group -> adapters not answered yet
+    nodes: Mapping = field(default_factory=dict)  # node -> NodeHealth (node_loss.py)
+    forced: set = field(default_factory=set)  # pods deleted with grace 0 in this pass (uids)
 
     def act(self, action: Action) -> None:
         self.actions.append(action)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.actions.append(EmitEvent(type_, reason, message))
+
+    def lost(self, pod: dict) -> bool:
+        """The pod is on a node lost by now (restartPolicy.nodeLostSeconds): only a grace-0
+        delete removes it."""
+        return on_lost_node(self.nodes, self.spec.restart.node_lost_seconds, pod, self.now)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.5)

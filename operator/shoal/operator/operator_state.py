@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shoal.operator import adapter_pass, pod_index, settings
+from shoal.operator import adapter_pass, node_index, pod_index, settings
 from shoal.operator.adapter_sync import AdapterSync
 from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
@@ -85,6 +85,8 @@ def server_version_info(kube: Kube) -> dict | None:
 class OperatorState:
     def __init__(self, kube: Kube):
         self.pods = pod_index.PodIndex(listed_pods(kube))
+        self.nodes = node_index.NodeIndex(node_index.listed_node(kube))
+        self.node_changes = node_index.ReadyChanges()
         self.drain_probes = DrainProbes(on_change=lambda key: self.wakeups.schedule(key, 0))
         self.adapter_sync = AdapterSync(on_change=lambda key: self.wakeups.schedule(key, 0))
         self.adapters = adapter_pass.AdapterIndex(adapter_pass.listed_adapters(kube))
@@ -93,7 +95,7 @@ class OperatorState:
         self.settings = settings.from_env(server_version_info(kube))
         self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts,
                                      settings=self.settings, adapters=self.adapters,
-                                     adapter_sync=self.adapter_sync)
+                                     adapter_sync=self.adapter_sync, nodes=self.nodes)
         self.stats = StatsFile(kube, os.environ.get(STATS_ENV))
         self._stop_waiters: dict[str, StopWaiter] = {}  # uid -> its delete handler's waiter
         self._waiters_lock = threading.Lock()
@@ -104,6 +106,20 @@ class OperatorState:
             self.pods.attach(handler_kwargs[pod_index.INDEX])
         if handler_kwargs.get(adapter_pass.INDEX) is not None:
             self.adapters.attach(handler_kwargs[adapter_pass.INDEX])
+        if handler_kwargs.get(node_index.INDEX) is not None:
+            self.nodes.attach(handler_kwargs[node_index.INDEX])
+
+    def on_node(self, name: str, health, pods_index) -> None:
+        """A node's Ready condition changed (or the node went): a pass, now, for every engine
+        with a pod there; the pass plans its next look at the node-loss deadline."""
+        if not self.node_changes.changed(name, health):
+            return
+        engines = node_index.engines_on(pods_index, name)
+        state = "gone" if health is None else f"Ready={health.ready} ({health.reason or '-'})"
+        log.info("node %s %s: %d engine(s) with pods there: %s", name, state, len(engines),
+                 ", ".join(f"{ns}/{n}" for ns, n in sorted(engines)) or "-")
+        for namespace, engine in sorted(engines):
+            self.wakeups.schedule((namespace, engine), 0)
 
     def run_pass(self, body: dict) -> Outcome:
         outcome = self.reconciler.reconcile(body)

@@ -8,7 +8,8 @@ table-tested (tests/operator/test_op_plan.py) and `reconcile.py` only observes, 
 reports. The steps, LWS style:
 1. validate the spec (problems -> nothing created; deaths are still recorded);
 2. the singletons (ApplyChildren);
-3. per group: detect a death (record it, Event, tear the group down, back off or give up),
+3. per group: detect a death (a rank that ended, or whose node was lost: node_loss.py; record
+   it, Event, tear the group down, back off or give up),
    finish a stop in progress (rank 0 first), recreate after backoff, create missing groups,
    track readiness;
 4. start at most one rolling update;
@@ -30,6 +31,7 @@ from shoal.operator.actions import Action, ApplyChildren, CreatePods, WriteDisco
 from shoal.operator.backoff import restart_delay, restarts_exhausted
 from shoal.operator.events import NORMAL, WARNING
 from shoal.operator.failures import Failure, failure_of, is_stopping, root_cause
+from shoal.operator.node_loss import node_lost
 from shoal.operator.observed import (
     Memory,
     Observed,
@@ -46,7 +48,7 @@ from shoal.operator.observed import (
     waiting_reason,
 )
 from shoal.operator.phases import GroupPhase, GroupStage
-from shoal.operator.shutdown import stop, teardown_dead
+from shoal.operator.shutdown import force_lost, stop, teardown_dead
 from shoal.operator.spec import EngineSpec
 from shoal.operator.validation import spec_problems
 
@@ -93,7 +95,8 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
     st = PassState(ref=observed.ref, spec=spec, now=now, last_failure=memory.last_failure,
                    restart_count=memory.restart_count, deleting=deleting,
                    in_flight=dict(observed.in_flight), serving=serving,
-                   fetch_logs=observed.fetch_logs, adapters_pending=observed.adapters_pending)
+                   fetch_logs=observed.fetch_logs, adapters_pending=observed.adapters_pending,
+                   nodes=observed.nodes)
     by_group = {g: dict(p) for g, p in observed.pods.items() if p}
     if decision is not None:
         if decision.event:
@@ -112,6 +115,7 @@ def plan(spec: EngineSpec, observed: Observed, memory: Memory, now: dt.datetime)
         gpods = by_group.get(g, {})
         if problems and g not in by_group:
             continue
+        force_lost(st, gpods)
         if problems:  # invalid spec: keep what runs, create nothing, still watch for deaths
             new = _watch_only(st, g, mem, gpods)
         elif g >= replicas:
@@ -159,6 +163,10 @@ def _group(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
 
     death = root_cause(list(pods.values()))
     phase = mem.get("phase")
+    if death is None and pods and phase in (GroupPhase.READY, GroupPhase.STARTING):
+        death, due = node_lost(st.nodes, st.spec.restart.node_lost_seconds, g, pods, st.now)
+        if due is not None:
+            st.requeue(due)
     if death is None and pods and quiet and phase == GroupPhase.READY and len(pods) < nodes:
         death = vanished(st, g, mem, pods, nodes)
     if death is None and pods and quiet and phase == GroupPhase.STARTING and not all(

@@ -77,6 +77,9 @@ RULES: list[dict] = [
         "resources": ["horizontalpodautoscalers"],
         "verbs": ["list"],
     },
+    # Node health (node_index.py): a rank on a node NotReady past restartPolicy.nodeLostSeconds
+    # is a dead group (cluster-scoped: needs a ClusterRole even for a namespaced operator).
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     # kopf follows CRDs so that a CRD installed after the operator started is still served
     # (cluster-scoped: needs a ClusterRole even for a namespaced operator).
     {

@@ -29,6 +29,7 @@ from shoal.operator.apply import Applier
 from shoal.operator.autoscale_hpa import HPALister, HPAs
 from shoal.operator.autoscale_scrape import Scrape, Scraper
 from shoal.operator.kube import Kube
+from shoal.operator.node_index import NodeIndex, listed_node
 from shoal.operator.observed import iso, metrics_url, owned_by, pod_ready, status_differs
 from shoal.operator.phases import GroupPhase
 from shoal.operator.plan import Memory, Observed, Plan, plan
@@ -70,7 +71,7 @@ class Reconciler:
                  pods: PodSource | None = None, in_flight: InFlight | None = None,
                  settings: OperatorSettings | None = None, scrape: Scrape | None = None,
                  hpas: HPASource | None = None, adapters: AdapterSource | None = None,
-                 adapter_sync: AdapterSync | None = None):
+                 adapter_sync: AdapterSync | None = None, nodes: NodeIndex | None = None):
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
@@ -80,6 +81,7 @@ class Reconciler:
         self.scrape = scrape or Scraper()
         self.hpas = hpas or HPALister(kube)
         self.adapters = AdapterPass(kube, adapters, adapter_sync)
+        self.nodes = nodes or NodeIndex(listed_node(kube))
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -133,8 +135,10 @@ class Reconciler:
         meta = body["metadata"]
         deleting = bool(meta.get("deletionTimestamp"))
         autoscaled = bool((body.get("spec") or {}).get("autoscaling")) and not deleting
+        nodes = self.nodes.health((p.get("spec") or {}).get("nodeName") or ""
+                                  for pods in by_group.values() for p in pods.values())
         return Observed(ref=ref, pods=by_group, in_flight=self.in_flight(ref.namespace, ref.name),
-                        fetch_logs=self._fetch_logs(ref, by_group),
+                        fetch_logs=self._fetch_logs(ref, by_group), nodes=nodes,
                         deleting=deleting, generation=meta.get("generation", 0),
                         samples=self._scrape(ref, by_group) if autoscaled else None,
                         wake=self._wake(ref) if spec.wakeable and not by_group else None,

@@ -102,14 +102,35 @@ def _frontend_container(ref: EngineRef, spec: EngineSpec) -> dict:
     return container
 
 
+# The taints the node controller puts on a node that stops answering or reports NotReady.
+LOST_NODE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def frontend_placement(spec: EngineSpec, labels: dict) -> dict:
+    """One lost node must not take the Service down while another could serve: the frontends
+    spread over nodes (preferred, so one node still runs them all), and a frontend on a node lost
+    for restartPolicy.nodeLostSeconds is evicted and replaced then, not after Kubernetes' default
+    5 minutes (a template's tolerations and constraints are added to these)."""
+    return {
+        "tolerations": [{"key": key, "operator": "Exists", "effect": "NoExecute",
+                         "tolerationSeconds": spec.restart.node_lost_seconds}
+                        for key in LOST_NODE_TAINTS],
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": dict(labels)}}],
+    }
+
+
 def frontend_operator_template(ref: EngineRef, spec: EngineSpec) -> dict:
     """The frontends' pod template before spec.frontend.template: validation checks a template
     against it."""
     volume = {"name": "discovery", "configMap": {"name": discovery.configmap_name(ref.name)}}
     kv = kv_parts.frontend_parts(spec)
+    labels = common_labels(ref.name, L.COMPONENT_FRONTEND)
     return {
-        "metadata": {"labels": common_labels(ref.name, L.COMPONENT_FRONTEND)},
+        "metadata": {"labels": labels},
         "spec": {
+            **frontend_placement(spec, labels),
             "serviceAccountName": L.frontend_name(ref.name),
             **({"initContainers": kv.init_containers} if kv.init_containers else {}),
             "containers": [_frontend_container(ref, spec)],

@@ -33,11 +33,23 @@ def rank0_finished(pod: dict) -> bool:
 
 
 def teardown(st: PassState, pods: dict[int, dict], grace: int | None) -> None:
-    """Delete these pods; one already stopping is left alone, unless it must now go faster."""
+    """Delete these pods; one already stopping is left alone, unless it must now go faster.
+    A pod on a lost node goes with grace 0 (its kubelet will never confirm a graceful stop)."""
     for _, p in sorted(pods.items()):
+        if p["metadata"].get("uid") in st.forced:
+            continue
+        this = 0 if st.lost(p) else grace
         current = p["metadata"].get("deletionGracePeriodSeconds")
-        if not is_stopping(p) or (grace is not None and (current is None or current > grace)):
-            st.act(DeletePod(p["metadata"]["name"], p["metadata"].get("uid"), grace))
+        if not is_stopping(p) or (this is not None and (current is None or current > this)):
+            st.act(DeletePod(p["metadata"]["name"], p["metadata"].get("uid"), this))
+            if this == 0:
+                st.forced.add(p["metadata"].get("uid"))
+
+
+def force_lost(st: PassState, pods: dict[int, dict]) -> None:
+    """Pods already stopping (a drain, an eviction) on a node lost by now: removed with grace 0,
+    whatever their group is doing, since nothing else ever removes them."""
+    teardown(st, {r: p for r, p in pods.items() if is_stopping(p) and st.lost(p)}, grace=0)
 
 
 def teardown_dead(st: PassState, pods: dict[int, dict]) -> None:
@@ -52,7 +64,7 @@ def teardown_dead(st: PassState, pods: dict[int, dict]) -> None:
         overdue = force_at is not None and st.now >= force_at
         ended = terminated_state(p) is not None
         teardown(st, {r: p}, grace=0 if ended or overdue else DEAD_GROUP_GRACE_SECONDS)
-        if gone_at is not None and not (ended or overdue):
+        if gone_at is not None and not (ended or overdue or st.lost(p)):
             st.requeue((force_at - st.now).total_seconds())
 
 

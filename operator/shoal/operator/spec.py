@@ -65,6 +65,7 @@ DEFAULTS: dict[str, object] = {
     "restartPolicy.backoffMaxSeconds": 300,
     "restartPolicy.maxRestarts": 10,
     "restartPolicy.resetAfterSeconds": 600,
+    "restartPolicy.nodeLostSeconds": 30,
     "modelAuth.key": "HF_TOKEN",
     "autoscaling.minReplicas": 1,
     "lora.maxLoras": 1,  # vLLM's defaults
@@ -141,6 +142,8 @@ class RestartPolicy:
     backoff_max_seconds: int
     max_restarts: int  # 0 = no limit
     reset_after_seconds: int
+    # how long a rank's node may be NotReady/Unknown before its group is dead (node_loss.py)
+    node_lost_seconds: int = 30
 
     @property
     def never(self) -> bool:
@@ -297,6 +300,7 @@ class EngineSpec:
                 backoff_max_seconds=int(_get(spec, "restartPolicy.backoffMaxSeconds")),
                 max_restarts=int(_get(spec, "restartPolicy.maxRestarts")),
                 reset_after_seconds=int(_get(spec, "restartPolicy.resetAfterSeconds")),
+                node_lost_seconds=int(_get(spec, "restartPolicy.nodeLostSeconds")),
             ),
             revision=engine_revision(spec),
             settings=settings or OperatorSettings(),
