@@ -153,6 +153,9 @@ def remove_paths() -> None:
 
 def clean_all(quiet: bool = False) -> list[str]:
     """Tear down whatever is there; return what could not be removed (empty when clean)."""
+    from shoal.devcluster.freeze import thaw_all
+
+    thaw_all()  # a frozen container cannot die (a node-loss test that did not end well)
     killed = kill_processes()
     release_mount_namespaces()
     unmounted = unmount_all()

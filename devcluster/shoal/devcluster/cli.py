@@ -9,6 +9,8 @@ The cluster with two nodes (root: network namespaces, mounts, cgroups):
   image TARGET            build one image: rootfs, base, pause, a Dockerfile target, or vllm
                           (images/vllm-cpu: stock vLLM for runtime VLLM; not part of prepare)
   resolve NAME            ask the cluster DNS for NAME
+  freeze NODE | thaw NODE stop a node as a lost one stops (its kubelet, runtime and containers),
+                          or resume it (freeze.py: the node-loss tests)
 
 The control plane alone (the operator tests' kind, for debugging):
   control-plane start DIR [--foreground] [--no-build]  |  control-plane stop DIR
@@ -27,7 +29,8 @@ from pathlib import Path
 
 from shoal.devcluster.procs import DevClusterError, log
 
-NEEDS_ROOT = ("prepare", "start", "stop", "status", "demo", "supervise", "image")
+NEEDS_ROOT = ("prepare", "start", "stop", "status", "demo", "supervise", "image", "freeze",
+              "thaw")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
                                           "vllm"))
     r = sub.add_parser("resolve", help="ask the cluster DNS")
     r.add_argument("name")
+    for name, help_ in (("freeze", "stop a node as a lost node stops"),
+                        ("thaw", "resume a frozen node")):
+        f = sub.add_parser(name, help=help_)
+        f.add_argument("node")
     cp = sub.add_parser("control-plane", help="a control plane alone, state in DIR")
     cp_sub = cp.add_subparsers(dest="action", required=True)
     st = cp_sub.add_parser("start", help="start one with its state in DIR (detached)")
@@ -146,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "image":
             return image_command(args.target)
+        if args.cmd in ("freeze", "thaw"):
+            from shoal.devcluster import freeze
+
+            print(json.dumps(getattr(freeze, args.cmd)(args.node)))
+            return 0
         if args.cmd == "resolve":
             from shoal.devcluster import dns
 
