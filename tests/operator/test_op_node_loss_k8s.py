@@ -48,6 +48,11 @@ def _status(kube, ns: str, name: str) -> dict:
     return (ie(kube, ns, name) or {}).get("status") or {}
 
 
+def _group0(kube, ns: str, name: str) -> str:
+    groups = _status(kube, ns, name).get("groups") or [{}]
+    return groups[0].get("phase") or ""
+
+
 def test_a_rank_on_a_node_lost_past_the_bound_restarts_its_group_once(ns, kube, core, nodes):
     a, b = nodes
     create_ie(kube, engine("nl", ns).ranks(2).restart(backoffBaseSeconds=1).manifest())
@@ -56,7 +61,7 @@ def test_a_rank_on_a_node_lost_past_the_bound_restarts_its_group_once(ns, kube, 
     kubelet.bind(core, "nl-g0-r1", ns, node=b)
     for name in ("nl-g0-r0", "nl-g0-r1"):
         kubelet.set_ready(core, name, ns)
-    wait_for(lambda: _status(kube, ns, "nl").get("ready") == "1/1", timeout=20, what="Ready")
+    wait_for(lambda: _group0(kube, ns, "nl") == "Ready", timeout=20, what="Ready")
     old = {n: p["metadata"]["uid"] for n, p in pods(kube, ns, "nl").items()}
 
     # node b went quiet 20 s ago: lost at the default bound (30 s) 10 s from now, not before
@@ -91,7 +96,7 @@ def test_a_rank_on_a_node_lost_past_the_bound_restarts_its_group_once(ns, kube, 
     for name in ("nl-g0-r0", "nl-g0-r1"):
         kubelet.bind(core, name, ns, node=a)
         kubelet.set_ready(core, name, ns)
-    wait_for(lambda: _status(kube, ns, "nl").get("ready") == "1/1", timeout=20, what="Ready again")
+    wait_for(lambda: _group0(kube, ns, "nl") == "Ready", timeout=20, what="Ready again")
 
     # the node comes back: no second restart, no second copy of the group
     _set_ready(core, b, "True")
@@ -99,7 +104,7 @@ def test_a_rank_on_a_node_lost_past_the_bound_restarts_its_group_once(ns, kube, 
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         assert _status(kube, ns, "nl").get("restartCount") == 1
-        assert len(pods(kube, ns, "nl")) == 2
+        assert _group0(kube, ns, "nl") == "Ready" and len(pods(kube, ns, "nl")) == 2
         time.sleep(0.5)
 
 

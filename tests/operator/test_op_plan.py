@@ -201,6 +201,12 @@ CASES = [
          pods=[pod(0, 0, deleting=-50), pod(0, 1)], deleting=True,
          memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-50)))],
          actions=(), requeue=2, phases={0: "Draining"}),
+    Case("a drain that status does not know (the operator died before writing it) is adopted "
+         "from rank 0's deletion: its deadline kept, its end reported",
+         pods=[pod(1, 0, deleting=35, grace=45), pod(1, 1), pod(0, 0), pod(0, 1)],
+         memory=[group(0, "Ready"), group(1, "Ready")],
+         actions=(ApplyChildren((0,)), ev("Normal", "DrainStarted"), WriteDiscovery((0,))),
+         requeue=30 + render.SHUTDOWN_MARGIN_SECONDS - 10, phases={0: "Ready", 1: "Draining"}),
     Case("a drain that ended past its deadline is reported overdue",
          pods=[pod(0, 0, deleting=-50, exit_code=0), pod(0, 1)], deleting=True,
          memory=[group(0, "Draining", stopReason="delete", drainStartTime=iso(at(-50)))],
@@ -334,6 +340,17 @@ def test_the_node_lost_bound_is_the_spec_field():
     slow = replace(case("a rank's node lost past"),
                    spec=engine("llm", "ns").groups(1).ranks(2).restart(nodeLostSeconds=120))
     assert _run(slow).requeue_after == 90 and _run(slow).groups[0]["phase"] == "Ready"
+
+
+def test_an_adopted_drain_is_reported_when_rank_0_ends():
+    got = _run(case("a drain that status does not know"))
+    g1 = got.groups[1]
+    assert g1["drainStartTime"] == iso(at(-10)) and g1["stopReason"] == "scale-down"
+    done = Case("done", pods=[pod(1, 0, deleting=35, grace=45, exit_code=0), pod(1, 1),
+                              pod(0, 0), pod(0, 1)],
+                memory=[got.groups[0], g1], now=at(5))
+    events = [a.reason for a in _run(done).actions if isinstance(a, EmitEvent)]
+    assert events == ["DrainFinished"]
 
 
 def test_a_group_held_for_its_adapters_says_which():

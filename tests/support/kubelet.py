@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import threading
 from typing import Any
 
 from kubernetes import client
@@ -310,3 +311,49 @@ def ready_frontends(core: client.CoreV1Api, engine: str, namespace: str,
     for p in fes:
         set_running(core, p.metadata.name, namespace, ready=ready)
     return len(fes)
+
+
+class Kubelet(threading.Thread):
+    """Plays the kubelet for one InferenceEngine's engine pods in a thread, as long as it runs:
+    binds every new pod to `node` and reports it Ready; a pod asked to stop exits 0 and goes
+    (the engine drained at once). `pause()` holds it (pods stay as they are) until `resume()`."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, engine: str,
+                 node: str = "node-a") -> None:
+        super().__init__(daemon=True)
+        self.core, self.namespace, self.node = core, namespace, node
+        self.selector = f"{LABEL_ENGINE}={engine},{LABEL_COMPONENT}=engine"
+        self._halt, self._held = threading.Event(), threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self._halt.wait(0.3):
+            if self._held.is_set():
+                continue
+            try:
+                self._step()
+            except ApiException as exc:  # a pod that went meanwhile: next round
+                if exc.status not in (404, 409):
+                    self.errors.append(f"{exc.status}: {exc.reason}")
+
+    def _step(self) -> None:
+        for p in self.core.list_namespaced_pod(self.namespace,
+                                               label_selector=self.selector).items:
+            name = p.metadata.name
+            if p.metadata.deletion_timestamp is not None:
+                if p.spec.node_name:
+                    set_terminated(self.core, name, self.namespace, exit_code=0)
+                finish_deletion(self.core, name, self.namespace)
+            elif not p.spec.node_name:
+                bind(self.core, name, self.namespace, self.node)
+                set_ready(self.core, name, self.namespace)
+
+    def pause(self) -> None:
+        self._held.set()
+
+    def resume(self) -> None:
+        self._held.clear()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)

@@ -11,6 +11,7 @@ The cluster with two nodes (root: network namespaces, mounts, cgroups):
   resolve NAME            ask the cluster DNS for NAME
   freeze NODE | thaw NODE stop a node as a lost one stops (its kubelet, runtime and containers),
                           or resume it (freeze.py: the node-loss tests)
+  apiserver-outage SECONDS  stop the API server that long, then start it again
 
 The control plane alone (the operator tests' kind, for debugging):
   control-plane start DIR [--foreground] [--no-build]  |  control-plane stop DIR
@@ -30,7 +31,7 @@ from pathlib import Path
 from shoal.devcluster.procs import DevClusterError, log
 
 NEEDS_ROOT = ("prepare", "start", "stop", "status", "demo", "supervise", "image", "freeze",
-              "thaw")
+              "thaw", "apiserver-outage")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -58,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
                                           "vllm"))
     r = sub.add_parser("resolve", help="ask the cluster DNS")
     r.add_argument("name")
+    o = sub.add_parser("apiserver-outage", help="stop the API server for SECONDS, restart it")
+    o.add_argument("seconds", type=float)
     for name, help_ in (("freeze", "stop a node as a lost node stops"),
                         ("thaw", "resume a frozen node")):
         f = sub.add_parser(name, help=help_)
@@ -130,6 +133,9 @@ def cluster_command(args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "stop":
         return 1 if cluster.stop() else 0
+    if args.cmd == "apiserver-outage":
+        print(json.dumps(cluster.apiserver_outage(args.seconds)))
+        return 0
     if args.cmd == "demo":
         return demo.run_demo(args.model, args.kubectl, args.helm)
     state = cluster.running_state()

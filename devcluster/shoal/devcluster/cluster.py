@@ -44,6 +44,9 @@ from shoal.devcluster.pki import write_kubeconfig
 from shoal.devcluster.procs import DevClusterError, Process, log, pid_runs, wait_until
 
 SUPERVISOR = ("-m", "shoal.devcluster", "supervise")
+# `apiserver-outage`: the request the supervisor's loop picks up, and its answer
+OUTAGE_REQUEST = RUN_DIR / "apiserver-outage.request"
+OUTAGE_RESULT = RUN_DIR / "apiserver-outage.result"
 # Left free after the images are in: the kubelets' eviction floor (1 GiB, components) plus
 # room for pod logs, emptyDirs and the engines' compile caches.
 DISK_MARGIN = 3 << 30
@@ -180,6 +183,18 @@ class Cluster:
         if self.cp is not None:
             self.cp.check_alive()
 
+    def serve_outage(self) -> None:
+        """An outage asked for by `apiserver-outage` (a request file, since the supervisor owns
+        the control plane's processes): done here, then answered in the result file."""
+        if not OUTAGE_REQUEST.exists():
+            return
+        seconds = float(json.loads(OUTAGE_REQUEST.read_text())["seconds"])
+        OUTAGE_REQUEST.unlink()
+        log(f"outage: kube-apiserver down for {seconds:.0f}s")
+        result = self.cp.outage("kube-apiserver", seconds)
+        log(f"outage: kube-apiserver back: {result}")
+        OUTAGE_RESULT.write_text(json.dumps(result))
+
     def down(self) -> None:
         if self.dns is not None:
             self.dns.close()
@@ -222,6 +237,7 @@ def supervise() -> int:
         cluster.up()
         while True:
             cluster.check_alive()
+            cluster.serve_outage()
             time.sleep(1)
     except KeyboardInterrupt:
         log("stopping")
@@ -300,6 +316,21 @@ def start(timeout: float = 900.0) -> dict:
             raise DevClusterError(f"the cluster was not up after {timeout:.0f}s; logs in "
                                   f"{logs_dir()}")
         time.sleep(0.5)
+
+
+def apiserver_outage(seconds: float) -> dict:
+    """Stop the running cluster's API server for `seconds` and start it again (its supervisor
+    does it); returns when it answers again, with the timings."""
+    if running_state() is None:
+        raise DevClusterError("no cluster is running")
+    OUTAGE_RESULT.unlink(missing_ok=True)
+    OUTAGE_REQUEST.write_text(json.dumps({"seconds": seconds}))
+    deadline = time.monotonic() + seconds + 180
+    while not OUTAGE_RESULT.exists():
+        if time.monotonic() > deadline or running_state() is None:
+            raise DevClusterError(f"the API server outage did not end; see {logs_dir()}")
+        time.sleep(0.5)
+    return json.loads(OUTAGE_RESULT.read_text())
 
 
 def _supervisor_pid() -> int | None:

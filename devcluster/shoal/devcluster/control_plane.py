@@ -68,6 +68,8 @@ class ControlPlane:
     service_accounts: bool = False
     scheduler: bool = False
     config: ControlPlaneConfig | None = None  # set by start()
+    # component name -> its readiness check (start() fills it; `outage` waits on it)
+    ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -97,6 +99,7 @@ class ControlPlane:
         try:
             for comp, ready in self._plan(self.config):
                 self.components.append(comp)
+                self.ready_checks[comp.name] = ready
                 self._spawn(comp)
                 self._wait(ready, comp, t0 + timeout)
         except BaseException:
@@ -111,6 +114,24 @@ class ControlPlane:
         for comp in reversed(self.components):
             comp.stop(grace)
         (self.root / "state.json").unlink(missing_ok=True)
+
+    def outage(self, name: str, seconds: float, timeout: float = 120.0) -> dict:
+        """Stop one component (SIGTERM, as an upgrade or a crash-restart does), keep it down for
+        `seconds`, start it again with the same command line, and wait until it is ready."""
+        comp = next((c for c in self.components if c.name == name), None)
+        if comp is None:
+            raise ControlPlaneError(f"no component {name!r}")
+        t0 = time.monotonic()
+        comp.stop()
+        down = time.monotonic()
+        time.sleep(seconds)
+        self._spawn(comp)
+        self._wait(self.ready_checks[name], comp, time.monotonic() + timeout)
+        back = time.monotonic()
+        self._write_state()  # its new pid, for stop_dir
+        return {"component": name, "stopped_s": round(down - t0, 2),
+                "down_s": round(back - down, 2),
+                "ready_after_start_s": round(back - down - seconds, 2)}
 
     def __enter__(self) -> ControlPlane:
         return self.start()

@@ -32,6 +32,14 @@ def rank0_finished(pod: dict) -> bool:
     return is_stopping(pod) and terminated_state(pod) is not None
 
 
+def drain_started(pod: dict) -> dt.datetime | None:
+    """When a stopping pod was asked to stop: its deletionTimestamp is that moment plus its
+    grace period."""
+    gone_at = parse_time(pod["metadata"].get("deletionTimestamp"))
+    grace = pod["metadata"].get("deletionGracePeriodSeconds")
+    return gone_at - dt.timedelta(seconds=int(grace)) if gone_at and grace is not None else None
+
+
 def teardown(st: PassState, pods: dict[int, dict], grace: int | None) -> None:
     """Delete these pods; one already stopping is left alone, unless it must now go faster.
     A pod on a lost node goes with grace 0 (its kubelet will never confirm a graceful stop)."""
@@ -105,6 +113,15 @@ def stop(st: PassState, g: int, mem: dict, pods: dict[int, dict], reason: str) -
                 f"group {g}: rank 0 pod {rank0['metadata']['name']} draining for up to "
                 f"{timeout}s ({reason}); {len(pods) - 1} headless ranks stay up until it finishes",
             )
+        elif not mem.get("drainStartTime"):
+            # A drain this pass did not start and status does not know (an operator that died
+            # between the delete and its status write): adopted from the pod, so its end is
+            # still reported and its deadline kept.
+            mem["drainStartTime"] = iso(drain_started(rank0) or st.now)
+            st.event(NORMAL, "DrainStarted",
+                     f"group {g}: rank 0 pod {rank0['metadata']['name']} draining since "
+                     f"{mem['drainStartTime']} ({reason}; found stopping: the pass that asked "
+                     "did not record it)")
         # No elapsed seconds here: the status changes when the drain starts and ends, not
         # every pass. Rank 0's container ending is a pod event; the deadline is a wake-up.
         started = parse_time(mem.get("drainStartTime")) or st.now
