@@ -106,11 +106,16 @@ def test_values_reach_the_pod(helm_template):
     assert c["image"] == f"{values['image']['repository']}@{values['image']['digest']}"
     assert c["resources"] == values["resources"]
     assert pod["nodeSelector"] == values["nodeSelector"]
-    assert pod["tolerations"] == values["tolerations"]
+    lost = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 30} for k in ("unreachable", "not-ready")]
+    assert pod["tolerations"] == values["tolerations"] + lost, "the user's, then a lost node's"
     assert pod["imagePullSecrets"] == values["imagePullSecrets"]
     assert "--log-level=warning" in c["args"]
 
     dep = the(helm_template("--set", "image.tag=9.9.9", "--set", "logLevel=debug"), "Deployment")
+    assert dep["spec"]["template"]["spec"]["tolerations"] == lost
+    plain = the(helm_template("--set", "lostNodeTolerationSeconds=null"), "Deployment")
+    assert "tolerations" not in plain["spec"]["template"]["spec"], "null: Kubernetes' default"
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "ghcr.io/shoal-dev/shoal-operator:9.9.9"
     assert "--log-level=debug" in c["args"]
