@@ -16,6 +16,16 @@ def make_adapter(base_path: str, out: Path, seed: int, *, r: int = 8, alpha: flo
                  targets: list[str] | None = None, b_std: float = 0.05, **extra) -> str:
     """A PEFT LoRA adapter of the base model with random non-zero A and B (a fresh adapter's B
     is zero, which would change nothing), saved with save_pretrained."""
+    return make_adapters(base_path, [(out, seed)], r=r, alpha=alpha, targets=targets,
+                         b_std=b_std, **extra)[0]
+
+
+def make_adapters(base_path: str, outs: list[tuple[Path, int]], *, r: int = 8,
+                  alpha: float = 16, targets: list[str] | None = None, b_std: float = 0.05,
+                  **extra) -> list[str]:
+    """make_adapter for each (out, seed), reading the base model once (a large model takes
+    seconds to read): the same peft model refilled from each seed's generator, so each adapter
+    is the one make_adapter writes for that seed."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -23,15 +33,18 @@ def make_adapter(base_path: str, out: Path, seed: int, *, r: int = 8, alpha: flo
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets or ALL_PROJ,
                      lora_dropout=0.0, task_type="CAUSAL_LM", **extra)
     model = get_peft_model(base, cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_A" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-            elif "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * b_std)
-    model.save_pretrained(str(out))
-    return str(out)
+    paths = []
+    for out, seed in outs:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_A" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+                elif "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * b_std)
+        model.save_pretrained(str(out))
+        paths.append(str(out))
+    return paths
 
 
 def greedy_config(model, max_new: int):

@@ -65,3 +65,19 @@ def test_an_explicit_cuda_without_one_is_a_config_error_naming_it(tiny_model, tm
     msg = parse_termination_message(s.termination_log.read_text())
     assert msg.cause == Cause.CONFIG_ERROR, msg
     assert "device 'cuda' requested but torch sees no CUDA device" in msg.message, log
+
+
+def test_cuda_without_an_index_becomes_the_current_device(monkeypatch):
+    # torch.cuda.set_device refuses torch.device("cuda") (no index): the first GPU run of
+    # `LLM(device="cuda")` failed there (2026-12-04, H200, torch 2.11). A one-rank engine's
+    # "cuda" (given, or chosen by auto) is torch's current device; an index given is kept.
+    import torch
+    from shoal.engine.worker import worker
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert worker.resolve_device("cuda") == torch.device("cuda", 2)
+    assert worker.resolve_device("auto") == torch.device("cuda", 2)
+    assert worker.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert worker.resolve_device("cpu") == torch.device("cpu")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from shoal.engine.lora.layers import LoRABatch, LoRALinear, active, dense_parts
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 SLOTS, RANK = 3, 4
 
@@ -63,3 +64,67 @@ def test_the_float_copy_is_shared_only_by_siblings_reading_the_same_input():
     other = torch.randn(2, 16).to(torch.bfloat16)
     assert torch.equal(batch.as_float(other, mlp), other.float())
     assert batch.as_float(x, None) is not batch.as_float(x, None)  # no scope: never shared
+
+
+class _OneDevice(TorchFunctionMode):
+    """Fails every torch op whose tensor arguments lie on two devices (a 0-d CPU scalar aside),
+    but the copies that move data on purpose. On the meta device a CPU tensor is often taken
+    silently (torch.mm of meta and CPU runs): this mode is what catches it."""
+
+    MOVES = {torch.Tensor.to, torch.Tensor.copy_}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {t.device for t in _tensors((args, kwargs))
+                   if not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1 and func not in self.MOVES:
+            raise AssertionError(f"{getattr(func, '__name__', func)} mixes devices {devices}")
+        return func(*args, **kwargs)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def test_slots_and_every_op_of_a_step_stay_on_the_engines_device():
+    # What CUDA needs, checked without a GPU: the model on "meta" (another device than the
+    # host's adapters), A/B read on the host as read_adapter gives them; the manager's slot
+    # fill, the dense and one-adapter forms' per-step parts and every layer op on that device.
+    from shoal.engine.lora.adapter import LoRAWeights, ModuleLoRA
+    from shoal.engine.lora.config import LoRAConfig
+    from shoal.engine.lora.manager import LoRAManager
+    from shoal.engine.wire import LoRARequest
+
+    dev = torch.device("meta")
+    attn = nn.Module()
+    for name in ("q_proj", "k_proj"):
+        setattr(attn, name, nn.Linear(16, 8 if name == "k_proj" else 16, bias=False,
+                                      device=dev, dtype=torch.bfloat16))
+    model = nn.Module()
+    model.self_attn = attn
+    manager = LoRAManager(model, LoRAConfig(max_loras=2, max_lora_rank=RANK), dev)
+    reqs = [LoRARequest(f"a{i}", i + 1, f"/nowhere/a{i}") for i in range(2)]
+    for i, req in enumerate(reqs):  # host copies as read_adapter leaves them (float32, CPU)
+        manager.host[req.lora_int_id] = LoRAWeights(req, {
+            "self_attn.q_proj": ModuleLoRA(torch.randn(RANK, 16), torch.randn(16, RANK), 2.0),
+            "self_attn.k_proj": ModuleLoRA(torch.randn(2, 16), torch.randn(8, 2), 0.5 * i)})
+    layers = manager.layers.values()
+    x = torch.randn(7, 16, device=dev, dtype=torch.bfloat16)
+    with _OneDevice():
+        dense = manager.batch([reqs[0], None, reqs[1], reqs[0]], [2, 1, 3, 1])
+        single = manager.batch([reqs[1], None], [3, 4])
+        for batch in (dense, single):
+            with active(batch):
+                q, k = attn.q_proj(x), attn.k_proj(x)
+            assert (q.device, q.dtype, k.shape) == (dev, torch.bfloat16, (7, 8))
+    assert dense.dense and not single.dense
+    assert {t.device for t in (dense.row_slot, dense.mask, dense.groups[0][1])} == {dev}
+    assert {t.device for layer in layers for t in (layer.lora_a, layer.lora_b, layer.b_all,
+                                                   layer.scale_of)} == {dev}

@@ -8,7 +8,10 @@ tokenizer.json, tokenizer_config.json, generation_config.json) that
 - The tokenizer is a byte-level BPE trained with `tokenizers` on Python's own standard-library
   sources (present on every machine), read in sorted order and capped in size so training takes
   seconds.
-- Two sizes: `tiny` for tests, `small` for compute-bound benchmarks. `--arch qwen2` writes the same
+- Three sizes: `tiny` for tests, `small` for compute-bound benchmarks on the CPU, `large` for a
+  GPU: Llama-3-8B's layer shape (hidden 4096, MLP 14336, 32 query / 8 KV heads of 128) with 8 of
+  its 32 layers and this vocabulary, about 1.8 B parameters (7.2 GB as written, in float32), so
+  that a step's GEMMs weigh what a real 8B model's do per layer. `--arch qwen2` writes the same
   shapes as a Qwen2 model (q/k/v biases), to show a second architecture works.
 """
 
@@ -26,6 +29,8 @@ SIZES: dict[str, dict[str, int]] = {
                  num_attention_heads=4, num_key_value_heads=2),
     "small": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                   num_attention_heads=12, num_key_value_heads=4),
+    "large": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
+                  num_attention_heads=32, num_key_value_heads=8),
 }
 ARCHS = ("llama", "qwen2")
 VOCAB_SIZE = 8192
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", help="directory to write the model into (created if missing)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
                         help="tiny: hidden 256, 4 layers (tests); small: hidden 768, 12 layers "
-                             "(benchmarks). Default: tiny")
+                             "(benchmarks); large: hidden 4096, 8 layers of Llama-3-8B's shape "
+                             "(GPU benchmarks, 7.2 GB). Default: tiny")
     parser.add_argument("--arch", choices=ARCHS, default="llama",
                         help="llama (default) or qwen2 (same shapes, q/k/v biases)")
     args = parser.parse_args(argv)

@@ -36,7 +36,10 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} requested but torch sees no CUDA device "
                          f"(torch {torch.__version__}); use --device cpu or auto.")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 @dataclasses.dataclass(frozen=True)
