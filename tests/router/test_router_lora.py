@@ -6,6 +6,7 @@ group has is OpenAI's 404 naming what is served."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -66,6 +67,7 @@ def front(request, groups, tiny_model, tmp_path_factory):
         path = tmp / discovery.KEY
         write_discovery(path, groups)
         proc = RouterProcess(tiny_model, path, tmp)
+        proc.set_groups = lambda engines: write_discovery(path, engines)
     else:
         d = tmp / "discovery"
         d.mkdir()
@@ -73,9 +75,13 @@ def front(request, groups, tiny_model, tmp_path_factory):
                 "metadata": {"name": "lora", "namespace": "prod", "uid": "u-lora"},
                 "spec": {"model": "/models/tiny", "servedModelName": MODEL_NAME,
                          "replicas": 2}}
-        rendered = render.discovery_data(*parse(body), [0, 1])
-        write_atomically(d / "lora.json", local_discovery(rendered[discovery.KEY], groups))
+
+        def set_groups(engines):
+            rendered = render.discovery_data(*parse(body), sorted(engines))
+            write_atomically(d / "lora.json", local_discovery(rendered[discovery.KEY], engines))
+        set_groups(groups)
         proc = GatewayProcess(tmp, "--discovery-dir", str(d))
+        proc.set_groups = set_groups
     try:
         yield proc.wait_listening()
     finally:
@@ -162,3 +168,43 @@ def test_a_group_that_unloaded_an_adapter_since_its_list_was_read_is_skipped(fro
 
 def _misses(front) -> float:
     return front.metrics().get("shoal_router_adapter_misses_total", 0.0)
+
+
+def test_a_group_that_just_came_is_read_before_the_routers_own_404(front, groups, made):
+    """The only group listing an adapter leaves discovery and another group that has it loaded
+    comes (a restarted group returns under a new address, held out of discovery by the operator
+    until its adapters are loaded): the router reads what the new group lists before it would
+    answer the name with its own 404, so no request of the switch gets one (found by
+    benchmarks/lora_churn.py: 404s while the adapter was Ready)."""
+    name = f"moving-{front.port}"
+    for e in groups.values():
+        r = httpx.post(f"{e.url}/v1/load_lora_adapter", headers=HEADERS, timeout=60,
+                       json={"lora_name": name, "lora_path": made["a1"]})
+        assert r.status_code == 200, r.text
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def send():
+        while not stop.is_set():
+            codes.append(_complete(front, name).status_code)
+    try:
+        front.set_groups({0: groups[0]})
+        wait_for(lambda: front.metrics().get("shoal_router_groups_listed") == 1, 20,
+                 what="only group 0 listed")
+        wait_for(lambda: _complete(front, name).status_code == 200, 20,
+                 what=f"{name} served by group 0")
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        wait_for(lambda: len(codes) >= 3, 30, what="requests flowing")
+        front.set_groups({1: groups[1]})
+        served = _successes(groups)[1]
+        wait_for(lambda: _successes(groups)[1] > served + 3, 30, what="group 1 serving it")
+        stop.set()
+        sender.join(60)
+    finally:
+        stop.set()
+        front.set_groups(groups)
+        for e in groups.values():
+            httpx.post(f"{e.url}/v1/unload_lora_adapter", headers=HEADERS, timeout=30,
+                       json={"lora_name": name})
+    assert codes and set(codes) == {200}, f"{codes.count(404)} of {len(codes)} answered 404"

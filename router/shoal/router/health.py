@@ -62,6 +62,16 @@ class HealthProber:
             state.engine = parse(text, time.monotonic()) if text is not None else None
         state.resident = adapters.running(text) if text and state.adapters else frozenset()
 
+    async def read_unlisted(self) -> bool:
+        """Read now what every usable group whose adapters were never read lists (a group just
+        added or moved: a restarted group enters discovery with its adapters loaded, and its
+        list would otherwise be read only at the next round); whether there was any. Before the
+        router answers an unknown name with its own 404 (found by benchmarks/lora_churn.py:
+        the only groups listing an adapter had just restarted)."""
+        unread = [s.group for s in self.picker.usable() if s.adapters is None]
+        await asyncio.gather(*(self.read_engine(g) for g in unread))
+        return bool(unread)
+
     async def _get(self, group: Group, path: str, headers: dict | None = None) -> str | None:
         try:
             resp = await self.client.get(f"{group.url}{path}", headers=headers,
