@@ -5,7 +5,10 @@ on a shared machine: on a GPU each counted op that is not a view is one kernel l
 copy), so the counts say how much host work LoRA adds per step where the engine is host-bound.
 
     .venv/bin/python benchmarks/lora_ops.py [--model tiny|small|large|PATH] [--requests 64]
-        [--dtype bfloat16]
+        [--dtype float16] [--verbose]
+
+--dtype float16 (the default) keeps the CPU backend's packed linears and fused norms off (they
+take float32 and bfloat16), so every op is torch's and transformers' own, as on a GPU.
 
 Per step kind (the first step, a prefill of every prompt, and a decode step of every request;
 the adapters already in their device slots):
@@ -57,7 +60,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="float16")
     ap.add_argument("--verbose", action="store_true", help="the op names of each decode step")
     args = ap.parse_args()
     from shoal.engine import wire
@@ -117,13 +120,14 @@ def main() -> None:
           f"{args.prompt_len}, rank {RANK} on all seven projections ({wrapped} wrapped), "
           f"torch {torch.__version__}; non-view aten ops per step (views apart)")
     print("| adapters | prefill ops | decode ops | decode: LoRA's extra ops | per wrapped "
-          "projection | decode: arange/cat/fill/eq | decode: mm |")
+          "projection | decode: arange/cat/fill/eq | decode: mm/matmul |")
     print("|---|---|---|---|---|---|---|")
     base = kernels(rows[0][1])
     for k, (prefill, decode) in rows.items():
         extra = kernels(decode) - base
+        gemms = decode.ops["mm"] + decode.ops["matmul"]
         print(f"| {k or 'base only'} | {kernels(prefill)} | {kernels(decode)} | {extra} | "
-              f"{extra / wrapped:.2f} | {building(decode)} | {decode.ops['mm']} |")
+              f"{extra / wrapped:.2f} | {building(decode)} | {gemms} |")
 
 
 if __name__ == "__main__":
