@@ -135,9 +135,8 @@ def profile(llm, prompts, loras, sp, device: str, label: str) -> None:
 
         kernels = sum(e.self_device_time_total for e in events  # kernels and copies, us -> ms
                       if e.device_type == DeviceType.CUDA) / 1000
-        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel",
-                                                             "cuLaunchKernel",
-                                                             "cudaLaunchKernelExC"))
+        launches = sum(e.count for e in events if e.key in (
+            "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"))
         line += (f"; device kernels {kernels / steps:.2f} ms per step "
                  f"({kernels / (dt * 1000):.0%} of the wall time); "
                  f"{launches / steps:.0f} kernel launches per step")

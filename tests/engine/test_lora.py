@@ -101,7 +101,7 @@ def test_mixed_batch_equals_peft(slots, make_llm, tiny_model, adapters, prompts,
 
 
 def test_one_step_runs_several_adapters_and_the_base(make_llm, tiny_model, adapters, prompts):
-    """The batched update really mixes: one step's LoRABatch holds three adapter groups, and
+    """The batched update really mixes: one step's LoRABatch runs three adapters' slots, and
     the scheduler's stats count requests per adapter."""
     from shoal.engine.lora import layers
 
@@ -111,7 +111,7 @@ def test_one_step_runs_several_adapters_and_the_base(make_llm, tiny_model, adapt
 
     def spy(batch):
         if batch is not None:
-            seen.append(len(batch.groups))
+            seen.append(len(batch.slots_used))
         return original(batch)
 
     layers.active = spy

@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 from shoal.engine.lora.adapter import LoRAWeights, read_adapter
 from shoal.engine.lora.config import LoRAConfig
-from shoal.engine.lora.layers import LoRABatch, LoRALinear, dense_parts
+from shoal.engine.lora.layers import SHARED_INPUT, LoRABatch, LoRALinear, SharedInput, dense_mask
 from shoal.engine.wire import LoRARequest
 from torch import nn
 
@@ -28,15 +28,22 @@ TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def wrap_model(model: nn.Module, slots: int, max_rank: int, device) -> dict[str, LoRALinear]:
     """Wrap every projection named in TARGET_NAMES that is a linear layer (nn.Linear, or the
-    CPU backend's packed one) in place; name -> wrapper, names as the model's own."""
+    CPU backend's packed one) in place; name -> wrapper, names as the model's own. Siblings of
+    one SHARED_INPUT set with the same in_features share one SharedInput (one A GEMM)."""
     wrapped = {}
     for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if child_name not in TARGET_NAMES or not hasattr(child, "in_features"):
-                continue
-            layer = LoRALinear(child, slots, max_rank, device, scope=parent_name)
-            setattr(parent, child_name, layer)
-            wrapped[f"{parent_name}.{child_name}" if parent_name else child_name] = layer
+        children = {n: c for n, c in parent.named_children()
+                    if n in TARGET_NAMES and hasattr(c, "in_features")}
+        sets = [[n for n in names if n in children] for names in SHARED_INPUT]
+        sets = [m for m in sets if len({children[n].in_features for n in m}) == 1]
+        alone = [[n] for n in children if not any(n in m for m in sets)]
+        for members in sets + alone:
+            shared = SharedInput(len(members), children[members[0]].in_features, slots,
+                                 max_rank, device)
+            for i, child_name in enumerate(members):
+                layer = LoRALinear(children[child_name], slots, max_rank, device, shared, i)
+                setattr(parent, child_name, layer)
+                wrapped[f"{parent_name}.{child_name}" if parent_name else child_name] = layer
     return wrapped
 
 
@@ -50,6 +57,7 @@ class LoRAManager:
         self.slots: list[int | None] = [None] * config.max_loras  # adapter id per slot
         self._slot_used = [0] * config.max_loras  # step number of the slot's last use
         self._step = 0
+        self._eye = torch.eye(config.max_loras + 1, config.max_loras)  # dense_mask's rows
         self.load_seconds: dict[int, float] = {}  # the last read of each adapter, for the log
         log.info("LoRA: %d projections wrapped, %d device slots, rank <= %d, %d host copies",
                  len(self.layers), config.max_loras, config.max_lora_rank, config.max_cpu_loras)
@@ -115,36 +123,32 @@ class LoRAManager:
 
     def batch(self, rows: list[LoRARequest | None], lens: list[int]) -> LoRABatch | None:
         """This step's LoRABatch for the scheduled rows (their adapters and token counts), or
-        None when every row is a base row."""
+        None when every row is a base row. One adapter whose rows are one run: a slice, no
+        device tensor; else each token's slot, as one [tokens, slots] mask copied once."""
         self._step += 1
+        slot_of: dict[int, int] = {}
         needed = {r.lora_int_id for r in rows if r is not None}
         if not needed:
             return None
-        spans: dict[int, list[tuple[int, int]]] = {}
+        for req in rows:
+            if req is not None and req.lora_int_id not in slot_of:
+                slot = slot_of[req.lora_int_id] = self._slot_for(req, needed)
+                self._slot_used[slot] = self._step
+        base = len(self.slots)
+        row_slot = []  # per row, then per token if the step needs the mask
+        first = last = None
         offset = 0
         for req, n in zip(rows, lens, strict=True):
+            row_slot.append(base if req is None else slot_of[req.lora_int_id])
             if req is not None:
-                slot = self._slot_for(req, needed)
-                self._slot_used[slot] = self._step
-                spans.setdefault(slot, []).append((offset, offset + n))
+                first = offset if first is None else first
+                last = offset + n
             offset += n
-        groups = []
-        contiguous = True
-        for slot, ranges in spans.items():
-            merged = [list(ranges[0])]
-            for a, b in ranges[1:]:
-                if a == merged[-1][1]:
-                    merged[-1][1] = b
-                else:
-                    merged.append([a, b])
-            if len(merged) == 1:
-                groups.append((slot, slice(merged[0][0], merged[0][1])))
-            else:
-                contiguous = False
-                idx = torch.cat([torch.arange(a, b) for a, b in merged]).to(self.device)
-                groups.append((slot, idx))
-        if len(groups) == 1 and contiguous:  # one adapter's rows in one run: a slice
-            return LoRABatch(groups)
-        row_slot, mask = dense_parts(spans, offset, len(self.slots), self.config.max_lora_rank,
-                                     self.device)
-        return LoRABatch(groups, row_slot, mask)
+        used = tuple(dict.fromkeys(s for s in row_slot if s != base))
+        if len(used) == 1:
+            adapted = sum(n for s, n in zip(row_slot, lens, strict=True) if s != base)
+            if adapted == last - first:  # one adapter's rows in one run: a slice
+                return LoRABatch(used[0], slice(first, last), None, used)
+        per_token = row_slot if offset == len(rows) else [
+            s for s, n in zip(row_slot, lens, strict=True) for _ in range(n)]
+        return LoRABatch(None, None, dense_mask(per_token, base, self.device, self._eye), used)
