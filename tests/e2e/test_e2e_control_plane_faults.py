@@ -154,7 +154,9 @@ def test_the_operator_killed_mid_drain_the_drain_finishes_and_is_reported_once(c
     wait_for(lambda: events(cluster, ns, "DrainFinished", name), timeout=180, interval=1,
              what="the drain reported finished by the new operator")
     wait_ready(cluster, ns, name, "1/1")
-    time.sleep(5)
+    # rank 0's pod object goes some seconds after its engine ended (its kubelet's sync)
+    wait_for(lambda: [g["index"] for g in status(cluster, ns, name)["groups"]] == [0],
+             timeout=180, interval=1, what="group 1 gone from status")
     assert len(events(cluster, ns, "DrainStarted", name)) == 1
     assert len(events(cluster, ns, "DrainFinished", name)) == 1
     st = status(cluster, ns, name)

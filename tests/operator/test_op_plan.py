@@ -102,6 +102,19 @@ def down(since: float, ready: str = "Unknown") -> dict:
 
 
 ON_B = dict(node="node-b")
+
+
+def marked(g: int, r: int, at: float, containers_ready: bool = True) -> dict:
+    """A running pod whose Ready condition went False at `at`: set by the node controller (its
+    containers still ready, as the kubelet last said), or by its kubelet (containers not)."""
+    p = pod(g, r)
+    p["status"]["conditions"] = [{"type": "Ready", "status": "False",
+                                  "lastTransitionTime": iso(at_(at))}]
+    p["status"]["containerStatuses"][0]["ready"] = containers_ready
+    return p
+
+
+at_ = at
 CASES = [
     Case("a new engine gets its singletons, then every group in index order",
          pods=[], spec=engine("llm", "ns").groups(2).ranks(2),
@@ -263,6 +276,17 @@ CASES = [
          pods=[pod(0, 0), pod(0, 1, **ON_B)], memory=[group(0, "Ready")],
          nodes=down(-100, ready="True"),
          actions=(ApplyChildren((0,)), WriteDiscovery((0,))), phases={0: "Ready"}),
+    Case("a Ready group's rank marked not Ready by the node controller (its containers still "
+         "ready) keeps the group in discovery, a look when the bound ends",
+         pods=[pod(0, 0), marked(0, 1, at=-5)], memory=[group(0, "Ready")],
+         actions=(ApplyChildren((0,)), WriteDiscovery((0,))), requeue=25, phases={0: "Ready"}),
+    Case("past the bound a rank the node controller marked not Ready counts as not ready",
+         pods=[pod(0, 0), marked(0, 1, at=-31)], memory=[group(0, "Ready")],
+         actions=(ApplyChildren((0,)), WriteDiscovery(())), phases={0: "Starting"}),
+    Case("a rank its kubelet reports not ready (a failing probe) leaves discovery at once",
+         pods=[pod(0, 0), marked(0, 1, at=-5, containers_ready=False)],
+         memory=[group(0, "Ready")], actions=(ApplyChildren((0,)), WriteDiscovery(())),
+         phases={0: "Starting"}),
     Case("an invalid spec creates nothing",
          pods=[], spec=engine("llm", "ns").ranks(2, tp=3), actions=(), phases={}),
 ]

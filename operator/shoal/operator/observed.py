@@ -41,6 +41,26 @@ def pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+def marked_not_ready_at(pod: dict) -> dt.datetime | None:
+    """When the node controller marked this running pod not Ready, or None when it was not.
+
+    A node that missed its heartbeats for the node monitor's grace period (40 s; also every node
+    after an API server outage that long) has its pods' Ready condition set False by the node
+    controller, which leaves the containers' own `ready` as their kubelet last reported it. The
+    pod's readiness then says nothing about the engine: its kubelet re-reports it within
+    seconds of the node answering again."""
+    status = pod.get("status") or {}
+    if is_stopping(pod) or status.get("phase") != "Running":
+        return None
+    cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    containers = status.get("containerStatuses") or []
+    if (cond is None or cond.get("status") != "False" or not containers
+            or not all(c.get("ready") and (c.get("state") or {}).get("running") is not None
+                       for c in containers)):
+        return None
+    return parse_time(cond.get("lastTransitionTime"))
+
+
 @dataclass(frozen=True)
 class Observed:
     """What this pass read: which resource (its identity names every child), whether it is

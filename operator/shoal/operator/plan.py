@@ -38,6 +38,7 @@ from shoal.operator.observed import (
     PassState,
     iso,
     iso_not_before,
+    marked_not_ready_at,
     parse_time,
     pod_ready,
     ranks_status,
@@ -227,11 +228,16 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
                    message=f"all {nodes} ranks ready; loading adapters {', '.join(pending)}")
         mem.pop("readySince", None)
         return mem
-    if all(pod_ready(p) for p in pods.values()):
+    unconfirmed = _unconfirmed(st, mem, pods)
+    if all(pod_ready(p) or r in unconfirmed for r, p in pods.items()):
         if mem.get("phase") != GroupPhase.READY:
             mem["readySince"] = iso(st.now)
         mem.update(phase=GroupPhase.READY, stage=GroupStage.READY,
-                   message=f"all {nodes} ranks ready")
+                   message=f"all {nodes} ranks ready" + "".join(
+                       f"; rank {r} marked not Ready by the node controller (its node missed "
+                       f"heartbeats) at {iso(at)}: kept serving until its kubelet reports, "
+                       f"or {st.spec.restart.node_lost_seconds}s"
+                       for r, at in sorted(unconfirmed.items())))
         since = parse_time(mem.get("readySince"))
         reset_after = st.spec.restart.reset_after_seconds
         if mem.get("restarts") and since and (st.now - since).total_seconds() >= reset_after:
@@ -246,6 +252,25 @@ def _track(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> dict:
     mem.update(phase=GroupPhase.STARTING, stage=startup_stage(pods), message=message)
     mem.pop("readySince", None)
     return mem
+
+
+def _unconfirmed(st: PassState, mem: dict, pods: dict[int, dict]) -> dict[int, dt.datetime]:
+    """The ranks of a Ready group whose pod only the node controller marked not Ready, within
+    restartPolicy.nodeLostSeconds of the mark (rank -> when): the group stays in discovery
+    meanwhile, so that an API server outage or a missed heartbeat does not empty the frontends'
+    list (found on real pods: a 30 s outage marked every pod not Ready for ~6 s). A node that is
+    really lost is a death at the same bound (node_loss.py); until then the routers' own
+    health checks keep requests off a group that does not answer."""
+    if mem.get("phase") != GroupPhase.READY:
+        return {}
+    bound = dt.timedelta(seconds=st.spec.restart.node_lost_seconds)
+    out = {}
+    for r, p in pods.items():
+        at = marked_not_ready_at(p)
+        if at is not None and st.now < at + bound:
+            out[r] = at
+            st.requeue((at + bound - st.now).total_seconds())
+    return out
 
 
 def _download(st: PassState, g: int, mem: dict, pods: dict[int, dict]) -> str:
