@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 from shoal.contract.labels import COMPONENT_FRONTEND, LABEL_COMPONENT, LABEL_ENGINE
 
 FAKE_NODE_IP = "10.244.0.1"
@@ -335,6 +336,8 @@ class Kubelet(threading.Thread):
             except ApiException as exc:  # a pod that went meanwhile: next round
                 if exc.status not in (404, 409):
                     self.errors.append(f"{exc.status}: {exc.reason}")
+            except (OSError, HTTPError) as exc:  # an API server that is down: next round
+                self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _step(self) -> None:
         for p in self.core.list_namespaced_pod(self.namespace,

@@ -41,6 +41,12 @@ FULL_RESYNC_SECONDS = float(os.environ.get("SHOAL_FULL_RESYNC_SECONDS",
 # (each hand-back is one annotation write); longer than any usual drain (timeout + margin).
 DELETE_FOLLOW_SECONDS = 300.0
 
+# kopf's retries of a failed API call (its watches too): past the last one a watch fails and
+# the operator exits. They ride out an API server down for up to ~10 minutes (an upgrade, a
+# control-plane restart) without a restart (found on real pods: with 18 s of retries a 40 s
+# outage restarted the operator).
+ERROR_BACKOFFS = (1, 2, 5, 10) + (10,) * 60
+
 ENGINE_PODS = {L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_ENGINE}
 FRONTEND_PODS = {L.LABEL_MANAGED_BY: L.MANAGED_BY, L.LABEL_COMPONENT: L.COMPONENT_FRONTEND}
 
@@ -75,7 +81,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_):
     settings.posting.level = logging.WARNING  # our own Events say what happened; no echo of logs
     settings.execution.max_workers = int(os.environ.get("SHOAL_WORKERS", "8"))
     settings.watching.server_timeout = 300
-    settings.networking.error_backoffs = [1, 2, 5, 10]
+    settings.networking.error_backoffs = ERROR_BACKOFFS
     # The root memo: every resource handler's memo is a shallow copy of it, made after the
     # startup handlers ran, so all of them hold this one state.
     memo.shoal = OperatorState(Kube())
