@@ -24,8 +24,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
 from shoal.contract.labels import COMPONENT_FRONTEND, LABEL_COMPONENT, LABEL_ENGINE
+from urllib3.exceptions import HTTPError
 
 FAKE_NODE_IP = "10.244.0.1"
 
