@@ -5,7 +5,9 @@ names a field; an invalid spec creates nothing, a valid one creates every group,
 owned by the resource; status is JSON. The autoscaler's decision holds for whatever numbers
 the engines report.
 
-Drawn deterministically (derandomize, no example database): the same cases every run.
+Drawn derandomized, without an example database: the same cases for the same selection of
+tests (hypothesis also draws constants of the local modules loaded, so another selection may
+draw others; the k8s tier draws in a fresh interpreter for counts that never move).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ owner chain to an InferenceEngine. The count per outcome is printed (and kept in
 docs/operator.md).
 
 Cases go in batches of BATCH accepted resources per namespace, so that one wait covers the
-operator's passes for all of them; the drawing is deterministic (a fixed hypothesis version,
-derandomized), so CI sees the same cases every run.
+operator's passes for all of them, the mutations first while a fresh interpreter draws the
+specs; the drawing is deterministic (a pinned hypothesis, derandomized, no module of the
+session's in the drawing interpreter), so CI sees the same cases every run.
 """
 
 from __future__ import annotations
@@ -39,18 +40,39 @@ from support.wait import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.k8s
 
-DRAWN = 150  # specs drawn from the schema (a few are duplicates and dropped)
-BATCH = 40  # accepted resources per namespace and wait
+DRAWN = 200  # specs drawn from the schema (duplicates dropped), while the mutations run
+BATCH = 60  # accepted resources per namespace and wait
 WRITERS = 8  # requests in flight while creating and removing a batch
 SETTLE_SECONDS = 120  # for the operator's passes over one batch, on a loaded 2-core machine
 PRIORITY_CLASS = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                   "metadata": {"name": "fuzz-high"}, "value": 1000}  # the bases' templates use it
 
 
-def _cases(kube) -> list[Case]:
-    schema = spec_fuzz.spec_schema(spec_fuzz.installed_crd(kube))
-    drawn = [Case(f"drawn #{i}", s) for i, s in enumerate(spec_fuzz.drawn_specs(schema, DRAWN))]
-    return drawn + mutations(schema)
+class Cases:
+    """The mutations at once, the drawn specs when their interpreter is done (it draws while
+    the mutations are created)."""
+
+    def __init__(self, kube):
+        schema = spec_fuzz.spec_schema(spec_fuzz.installed_crd(kube))
+        self.drawing = spec_fuzz.DrawnSpecs(schema, DRAWN)
+        self.todo = list(enumerate(mutations(schema)))
+        self.total = len(self.todo)
+
+    def take(self, n: int) -> list[tuple[int, Case]]:
+        if not self.todo and self.drawing is not None:
+            drawn = self.drawing.result()
+            self.drawing = None
+            self.todo = [(self.total + i, Case(f"drawn #{i}", s)) for i, s in enumerate(drawn)]
+            self.total += len(drawn)
+        out, self.todo = self.todo[:n], self.todo[n:]
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.todo) or self.drawing is not None
+
+    def close(self) -> None:
+        if self.drawing is not None:
+            self.drawing.close()
 
 
 def _body(case: Case, name: str, ns: str) -> dict:
@@ -164,44 +186,56 @@ def _table(results: list[Result], seconds: float) -> str:
     return "\n".join(rows)
 
 
+def _checks(batch: Batch, operator, log: str) -> list[str]:
+    """What must hold after every batch, broken: a traceback, the operator gone, an orphan."""
+    names = ", ".join(f"{r.name}: {r.case.label}" for r in batch.done
+                      if r.outcome is not Outcome.REJECTED)
+    out = []
+    if "Traceback" in log:
+        out.append(f"operator traceback in {batch.ns} (cases {names}):\n{log[-6000:]}")
+    if operator.proc.poll() is not None:
+        out.append(f"the operator exited {operator.proc.returncode}:\n{operator.tail()}")
+    elif lost := batch.orphans():
+        out.append(f"children without an owning InferenceEngine in {batch.ns}: {lost}")
+    return out
+
+
 def test_fuzzed_specs_are_refused_named_or_served(control_plane, kube, operator, capsys):
     t0 = time.monotonic()
-    cases = _cases(kube)
-    if kube.get("scheduling.k8s.io/v1", "priorityclasses", None, "fuzz-high") is None:
+    cases = Cases(kube)
+    try:
         kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=PRIORITY_CLASS)
+    except ApiException as e:
+        if e.status != 409:  # left by an earlier run of this session: the same object
+            raise
     pdb = _pdb_api(kube)
     results: list[Result] = []
     broken: list[str] = []
     offset = 0
-    todo = list(enumerate(cases))
-    while todo:
-        ns = control_plane.new_namespace("opt-fuzz")
-        batch = Batch(kube, ns, pdb)
-        while todo and len(batch.pending) < BATCH:
-            batch.create(todo[:WRITERS * 2])
-            del todo[:WRITERS * 2]
-        batch.settle()
-        results += batch.done
-        log, offset = _log_since(operator, offset)
-        names = ", ".join(f"{r.name}: {r.case.label}" for r in batch.done
-                          if r.outcome is not Outcome.REJECTED)
-        if "Traceback" in log:
-            broken.append(f"operator traceback in {ns} (cases {names}):\n{log[-6000:]}")
-        if operator.proc.poll() is not None:
-            broken.append(f"the operator exited {operator.proc.returncode}:\n{operator.tail()}")
-            break
-        if lost := batch.orphans():
-            broken.append(f"children without an owning InferenceEngine in {ns}: {lost}")
-        batch.remove()
-        with capsys.disabled():
-            print(f"\n{ns}: {len(results)}/{len(cases)} cases, {time.monotonic() - t0:.0f} s, "
-                  f"{sum(1 for r in batch.done if r.problem)} problems", end="")
-    seconds = time.monotonic() - t0
+    try:
+        while cases and operator.proc.poll() is None:
+            batch = Batch(kube, control_plane.new_namespace("opt-fuzz"), pdb)
+            try:
+                while cases and len(batch.pending) < BATCH:
+                    batch.create(cases.take(WRITERS * 2))
+                batch.settle()
+                results += batch.done
+                log, offset = _log_since(operator, offset)
+                broken += _checks(batch, operator, log)
+            finally:
+                batch.remove()
+            with capsys.disabled():
+                print(f"\n{batch.ns}: {len(results)}/{cases.total} cases, "
+                      f"{time.monotonic() - t0:.0f} s, "
+                      f"{sum(1 for r in batch.done if r.problem)} problems", end="")
+    finally:
+        cases.close()
+        kube.delete("scheduling.k8s.io/v1", "priorityclasses", None, "fuzz-high")
     with capsys.disabled():
-        print("\n" + _table(results, seconds))
+        print("\n" + _table(results, time.monotonic() - t0))
     problems = [f"{r.name} ({r.case.label}): {r.problem}" for r in results if r.problem]
     assert not broken and not problems, "\n".join(broken + problems)
-    assert len(results) == len(cases) and all(r.outcome for r in results)
+    assert len(results) == cases.total and all(r.outcome for r in results)
     drawn_refused = [r.case.spec for r in results
                      if r.case.field is None and r.outcome is Outcome.REJECTED]
     assert not drawn_refused, f"specs drawn from the schema were refused: {drawn_refused}"

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -115,8 +119,44 @@ def specs(schema: dict, bounds: dict | None = None) -> st.SearchStrategy[dict]:
     return _strategy(drawable(schema, "", bounds))
 
 
+class DrawnSpecs:
+    """`count` draws of `specs(schema)`, duplicates dropped, made in a fresh interpreter that
+    starts at once (`result()` waits for it): hypothesis also draws constants it collects from
+    every local module loaded (all of shoal in a test session), so in-process draws would
+    depend on what else the session imported."""
+
+    def __init__(self, schema: dict, count: int, bounds: dict | None = None):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"schema": schema, "bounds": bounds}, f)
+        self.request = Path(f.name)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "support.spec_fuzz", str(count), str(self.request)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO / "tests",
+            env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+
+    def result(self, timeout: float = 300) -> list[dict]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            self.request.unlink(missing_ok=True)
+        if self.proc.returncode:
+            raise RuntimeError(f"drawing specs failed:\n{err[-3000:]}")
+        return json.loads(out)
+
+    def close(self) -> None:
+        """Stop a drawing nobody will wait for (a test that failed early)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.request.unlink(missing_ok=True)
+
+
 def drawn_specs(schema: dict, count: int, bounds: dict | None = None) -> list[dict]:
-    """`count` draws of `specs(schema)`, deterministic, duplicates dropped."""
+    """DrawnSpecs(...).result(): the draws, deterministic for one schema and hypothesis."""
+    return DrawnSpecs(schema, count, bounds).result()
+
+
+def _drawn_here(schema: dict, count: int, bounds: dict | None = None) -> list[dict]:
     found: dict[str, dict] = {}
 
     @settings(max_examples=count, derandomize=True, database=None, deadline=None,
@@ -127,3 +167,8 @@ def drawn_specs(schema: dict, count: int, bounds: dict | None = None) -> list[di
 
     collect()
     return list(found.values())
+
+
+if __name__ == "__main__":  # DrawnSpecs' fresh interpreter: COUNT, a file of {schema, bounds}
+    asked = json.loads(Path(sys.argv[2]).read_text())
+    json.dump(_drawn_here(asked["schema"], int(sys.argv[1]), asked["bounds"]), sys.stdout)

@@ -57,7 +57,8 @@ PLAIN = {
     "model": "/models/tiny", "servedModelName": "tiny", "image": "shoal:test",
     "imagePullPolicy": "IfNotPresent", "runtime": "Shoal", "runtimeVersion": "0.32.0",
     "replicas": 1, "tensorParallelSize": 1, "nodesPerGroup": 1, "masterPort": 29500,
-    "frontend": {"replicas": 1, "image": "shoal-router:test", "routing": "prefix-affinity",
+    # no frontend pod: the Deployment (and its pod template) is what the operator writes
+    "frontend": {"replicas": 0, "image": "shoal-router:test", "routing": "prefix-affinity",
                  "resources": _resources(), "template": _template("frontend", engine=False)},
     "engine": {"resources": _resources(), "extraArgs": ["--max-model-len", "512"],
                "env": [{"name": "NCCL_DEBUG", "value": "INFO"},
