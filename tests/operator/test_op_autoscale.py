@@ -6,6 +6,7 @@ which are."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -154,6 +155,12 @@ CASES = [
          spec(1.0, metric="ttftP90Seconds", up=0), start=2,
          steps=[Step(0, {0: Sample(5, 0, 0, ttft(0.2, 0.3, 2.0, 2.2)),
                          1: Sample(5, 0, 0, ttft(0.2, 0.4, 2.1, 2.4))}, 4, direction=UP)]),
+    Case("a target so small that the proportional count overflows (the schema takes any > 0; "
+         "fuzzing found 5e-324 raising in every pass): the most groups",
+         spec(5e-324, up=0), start=1, steps=[Step(0, 3, 4, direction=UP)]),
+    Case("a metric that is no number (NaN in /metrics): the count holds, and no NaN goes to "
+         "status (JSON has none)", spec(0.6, metric="kvCacheUsage", up=0, down=0), start=2,
+         steps=[Step(0, {0: Sample(1, 0, float("nan")), 1: Sample(1, 0, 0.5)}, 2)]),
     Case("ttftP90Seconds with no first token in the interval but requests waiting: hold",
          spec(1.0, metric="ttftP90Seconds", up=0, down=0), start=2,
          steps=[Step(0, {0: Sample(0, 3, 0), 1: Sample(0, 3, 0)}, 2)]),
@@ -175,6 +182,7 @@ def test_decide(case: Case):
                    memory=memory, wake=s.wake, now=at(s.t))
         got.append((s.t, d.desired, d.direction))
         memory, reason = d.memory, d.reason
+        json.dumps(d.memory, allow_nan=False)  # what status carries is JSON
         assert d.memory["desiredGroups"] == d.desired
         assert d.direction is None or d.desired != d.current, "a scale that changes nothing"
     assert got == [(s.t, s.want, s.direction) for s in case.steps]

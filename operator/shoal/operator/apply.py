@@ -1,14 +1,17 @@
 """Carries out a plan's actions against the API server, in order. The only module that writes
 children: creates are idempotent (deterministic names, 409 is success), deletes carry a uid
 precondition, and a singleton whose rendered hash did not change is not written (a short-lived
-cache of hashes spares a GET per singleton on a quiet pass)."""
+cache of hashes spares a GET per singleton on a quiet pass). A child the API server refuses
+(400, 403, 422) ends the pass's writes and comes back as spec problems (refusals.py), never as
+an exception."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from shoal.operator import events, render, template
+from kubernetes.client.exceptions import ApiException
+from shoal.operator import events, refusals, render, template
 from shoal.operator import labels as L
 from shoal.operator.actions import (
     Action,
@@ -31,6 +34,24 @@ RECENT_DELETE_SECONDS = 10.0
 PATCHED_PARTS = ("spec", "data", "rules", "subjects")
 
 
+class ChildRefused(Exception):
+    """The API server refused to create or patch `obj`: the same spec is refused again."""
+
+    def __init__(self, obj: dict, status: int, body: str):
+        super().__init__(f"{obj.get('kind')} {obj['metadata'].get('name')}: {status}")
+        self.obj, self.status, self.body = obj, status, body
+
+
+def _refused(obj: dict, write):
+    """Run one write of `obj`; a refusal becomes ChildRefused, anything else propagates."""
+    try:
+        return write()
+    except ApiException as e:
+        if e.status in refusals.REFUSED:
+            raise ChildRefused(obj, e.status, e.body or "") from None
+        raise
+
+
 class Applier:
     """Holds the API client, the PDB API version found by discovery and the singleton hashes."""
 
@@ -51,9 +72,17 @@ class Applier:
                 self._pdb = None
         return self._pdb or None
 
-    def apply(self, ref: EngineRef, spec: EngineSpec, actions: tuple[Action, ...]) -> None:
+    def apply(self, ref: EngineRef, spec: EngineSpec, actions: tuple[Action, ...]) -> list[str]:
+        """Every action in order; [] when all were carried out. A child the API server refuses
+        stops the rest (they come from the same spec) and returns its spec problems."""
         for action in actions:
-            self.one(ref, spec, action)
+            try:
+                self.one(ref, spec, action)
+            except ChildRefused as e:
+                found = refusals.problems(e.obj, e.status, e.body, spec)
+                log.warning("%s: %s", ref, "; ".join(found))
+                return found
+        return []
 
     def one(self, ref: EngineRef, spec: EngineSpec, action: Action) -> None:
         if isinstance(action, ApplyChildren):
@@ -64,7 +93,7 @@ class Applier:
         elif isinstance(action, CreatePods):
             for pod in render.group_pods(ref, spec, action.group):
                 if int(pod["metadata"]["labels"][L.LABEL_RANK]) in action.ranks:
-                    self.kube.create(pod)
+                    _refused(pod, lambda pod=pod: self.kube.create(pod))
             log.info("%s group %d: created ranks %s at revision %s", ref, action.group,
                      ",".join(map(str, action.ranks)), spec.revision)
         elif isinstance(action, DeletePod):
@@ -95,7 +124,7 @@ class Applier:
         plural = PLURALS[obj["kind"]]
         have = self.kube.get(obj["apiVersion"], plural, meta["namespace"], meta["name"])
         if have is None:
-            self.kube.create(obj)
+            _refused(obj, lambda: self.kube.create(obj))
         elif (have["metadata"].get("annotations") or {}).get(L.ANNOTATION_SPEC_HASH) != want:
             patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
             patch.update({k: v for k, v in obj.items() if k in PATCHED_PARTS})
@@ -103,5 +132,6 @@ class Applier:
                 have_pod = (have.get("spec") or {}).get("template") or {}
                 patch["spec"] = {**obj["spec"], "template": template.with_removals(
                     have_pod, obj["spec"]["template"])}
-            self.kube.patch(obj["apiVersion"], plural, meta["namespace"], meta["name"], patch)
+            _refused(obj, lambda: self.kube.patch(obj["apiVersion"], plural, meta["namespace"],
+                                                  meta["name"], patch))
         self._applied[key] = (want, time.monotonic())

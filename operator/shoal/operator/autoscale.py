@@ -104,6 +104,8 @@ def _need(a: AutoscalingSpec, current: int, ready: int, value: float | None,
     if value is None:  # TTFT with no first token since the last scrape: nothing to go by
         return _clamp(current, a)
     raw = ready * value / a.target
+    if math.isinf(raw):  # a target so small the count overflows (the schema takes any > 0;
+        return a.max_replicas  # found by fuzzing: 5e-324 raised OverflowError in every pass)
     if current and abs(raw / current - 1) <= TOLERANCE:
         return _clamp(current, a)
     return _clamp(max(1, math.ceil(round(raw, 6))), a)
@@ -143,6 +145,9 @@ def decide(a: AutoscalingSpec, *, replicas: int, ready: set[int] | frozenset[int
                       f"{current} (a group without metrics is not counted as idle)", clear=True)
     answered = {g: samples[g] for g in live}
     value, values = _measure(a, answered)
+    if value is not None and not math.isfinite(value):  # NaN or Inf in /metrics: nothing to go
+        value = None  # by, and no number JSON (status) can carry
+    values = {g: v for g, v in values.items() if math.isfinite(v)}
     requests = sum(s.requests for s in answered.values())
     need = _need(a, current, len(live), value, requests)
     what = (f"{a.metric} {_fmt(value)} (target {a.target:g}) over {len(live)} ready groups, "

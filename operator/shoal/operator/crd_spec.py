@@ -18,8 +18,15 @@ from shoal.operator.openapi import obj, opaque, typed, values
 from shoal.operator.spec import DEFAULTS, AutoscaleMetric, RestartPolicyType, Runtime
 from shoal.operator.template import FRONTEND_OWNED_POD
 
-QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+# Kubernetes' quantity without the minus sign: a pod refuses negative requests and limits, and
+# the schema says so at apply (found by fuzzing: "-1" passed here and failed every pod).
+QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+# The names the spec passes on, as what they name requires (1.20 and every later release): a
+# Secret's or a claim's name (a DNS-1123 subdomain; a pod takes any claimName, and then waits
+# for a claim that cannot exist) and a key in a Secret.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
 
 def _int(description: str, path: str, minimum: int, maximum: int) -> dict:
@@ -28,8 +35,10 @@ def _int(description: str, path: str, minimum: int, maximum: int) -> dict:
 
 
 def _resources(who: str) -> dict:
+    # (`minimum` here, not in anyOf: there only the bare types keep the schema structural)
     quantity = {"x-kubernetes-int-or-string": True,
-                "anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+                "anyOf": [{"type": "integer"}, {"type": "string"}],
+                "pattern": QUANTITY_PATTERN, "minimum": 0}
     return obj(
         f"resources are the compute resources of each {who} container, as in a Pod's "
         "`resources`. Example: `{limits: {nvidia.com/gpu: 8}, requests: {cpu: 16, memory: "
@@ -205,7 +214,8 @@ def _model_cache() -> dict:
                 "persistentVolumeClaim: a claim in the InferenceEngine's namespace that every "
                 "engine pod mounts. Example: `{claimName: model-cache}`.",
                 {"claimName": typed("string", "claimName of the PersistentVolumeClaim. "
-                                    "Example: `model-cache`.", minLength=1)},
+                                    "Example: `model-cache`.", minLength=1, maxLength=253,
+                                    pattern=SUBDOMAIN_PATTERN)},
                 required=["claimName"]),
             "hostPath": obj(
                 "hostPath: a directory on every node (created if missing). Example: "
@@ -226,10 +236,11 @@ def _model_auth() -> dict:
         "model. Example: `{secretName: hf-token}`. Default: none (public repositories).",
         {
             "secretName": typed("string", "secretName is the Secret, in the InferenceEngine's "
-                                "namespace. Example: `hf-token`.", minLength=1),
+                                "namespace. Example: `hf-token`.", minLength=1, maxLength=253,
+                                pattern=SUBDOMAIN_PATTERN),
             "key": typed("string", "key of the token in the Secret. Example: `token`. Default: "
                          f"`{DEFAULTS['modelAuth.key']}`.", default=DEFAULTS["modelAuth.key"],
-                         minLength=1),
+                         minLength=1, maxLength=253, pattern=CONFIG_KEY_PATTERN),
         },
         required=["secretName"],
     )

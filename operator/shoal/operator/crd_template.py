@@ -19,14 +19,21 @@ from shoal.operator.openapi import obj, opaque, typed
 KEEP = {"x-kubernetes-preserve-unknown-fields": True}
 
 
-def _strings(description: str) -> dict:
-    return typed("object", description, additionalProperties={"type": "string"})
+# A label's value and a container's or volume's name, as a pod checks them (1.20 and every later
+# release): refused at apply instead of by the pod's creation (found by fuzzing).
+LABEL_VALUE = {"type": "string", "maxLength": 63,
+               "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
+DNS_LABEL = {"maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
 
 
-def _named(what: str, example: str) -> dict:
+def _strings(description: str, values: dict | None = None) -> dict:
+    return typed("object", description, additionalProperties=values or {"type": "string"})
+
+
+def _named(what: str, example: str, dns_label: bool = False) -> dict:
     item = obj(f"One {what}, as in a Pod.",
                {"name": typed("string", f"name of the {what}. Example: `{example}`.",
-                              minLength=1)},
+                              minLength=1, **(DNS_LABEL if dns_label else {}))},
                required=["name"], **KEEP)
     return item
 
@@ -40,7 +47,7 @@ def _tolerations() -> dict:
             "operator": typed("string", "operator: `Exists` (any value) or `Equal`. Example: "
                               "`Exists`. Default: `Equal`.", enum=["Exists", "Equal"]),
             "value": typed("string", "value the taint must have with `Equal`. Example: "
-                           "`present`."),
+                           "`present`.", maxLength=63, pattern=LABEL_VALUE["pattern"]),
             "effect": typed("string", "effect it tolerates; empty tolerates all. Example: "
                             "`NoSchedule`.", enum=["NoSchedule", "PreferNoSchedule",
                                                    "NoExecute"]),
@@ -93,7 +100,7 @@ def _containers(main: str) -> dict:
         f"sidecar container, added as written. Example: `[{{name: {main}, env: [{{name: "
         "HF_HOME, value: /cache}], volumeMounts: [{name: cache, mountPath: /cache}]}, {name: "
         "log-shipper, image: fluent/fluent-bit:3.2}]`. Default: none.",
-        items=_named("container", main),
+        items=_named("container", main, dns_label=True),
     )
 
 
@@ -103,7 +110,7 @@ def _spec(main: str, owned_pod: dict[str, str]) -> dict:
         "nodeSelector": _strings("nodeSelector: node labels the pods must land on (merged "
                                  "with the operator's, which sets none). Example: "
                                  "`{cloud.google.com/gke-accelerator: nvidia-h100-80gb}`. "
-                                 "Default: none."),
+                                 "Default: none.", LABEL_VALUE),
         "tolerations": _tolerations(),
         "affinity": opaque("affinity, as in a Pod: `nodeAffinity` and `podAffinity` as "
                            "written; `podAntiAffinity` terms are added to the operator's own "
@@ -132,7 +139,7 @@ def _spec(main: str, owned_pod: dict[str, str]) -> dict:
                          "operator uses, such as `model`, `model-cache`, `shoal-supervisor` "
                          "or `dshm`, is refused). Example: `[{name: cache, emptyDir: {}}]`. "
                          "Default: none.",
-                         items=_named("volume", "cache")),
+                         items=_named("volume", "cache", dns_label=True)),
         "initContainers": typed("array", "initContainers run before the pod's containers, as "
                                 "written, after the operator's own (`install-supervisor` "
                                 "for runtime VLLM, `model-fetch` for an hf:// model, "
@@ -140,7 +147,7 @@ def _spec(main: str, owned_pod: dict[str, str]) -> dict:
                                 "refused). Example: `[{name: warm, image: "
                                 "busybox:1.36, command: [sh, -c, 'cat /models/x/*.safetensors "
                                 "> /dev/null']}]`. Default: none.",
-                                items=_named("init container", "warm")),
+                                items=_named("init container", "warm", dns_label=True)),
         "containers": _containers(main),
     }
     return obj(
@@ -161,7 +168,7 @@ def template_schema(who: str, main: str, owned_pod: dict[str, str]) -> dict:
         "name and namespace are the operator's). Example: `{labels: {team: search}, "
         "annotations: {prometheus.io/scrape: 'true'}}`.",
         {"labels": _strings("labels added to every pod. Example: `{team: search}`. Default: "
-                            "none."),
+                            "none.", LABEL_VALUE),
          "annotations": _strings("annotations added to every pod. Example: "
                                  "`{cluster-autoscaler.kubernetes.io/safe-to-evict: 'false'}`. "
                                  "Default: none.")},
