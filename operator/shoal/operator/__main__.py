@@ -2,9 +2,10 @@
 
     shoal-operator --namespace team-a --namespace team-b
     shoal-operator --all-namespaces --liveness http://0.0.0.0:8080/healthz --log-level debug
+    shoal-operator --all-namespaces --metrics-port 8081     # Prometheus series (metrics.py)
 
 Flags have environment fallbacks for the chart: SHOAL_NAMESPACES (comma separated; globs such
-as `llm-*` work), SHOAL_ALL_NAMESPACES=1, SHOAL_LIVENESS, SHOAL_LOG_LEVEL.
+as `llm-*` work), SHOAL_ALL_NAMESPACES=1, SHOAL_LIVENESS, SHOAL_LOG_LEVEL, SHOAL_METRICS_PORT.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="watch every namespace (needs cluster-wide RBAC)")
     p.add_argument("--liveness", default=env.get("SHOAL_LIVENESS"),
                    help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-port", type=int, default=int(env.get("SHOAL_METRICS_PORT", "0")),
+                   help="serve the operator's Prometheus series on this port (0: none)")
     p.add_argument("--log-level", default=env.get("SHOAL_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -50,12 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     from shoal.operator import handlers  # noqa: F401  (registers the handlers)
+    from shoal.operator.metrics import OperatorMetrics
 
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
     kopf.run(
         clusterwide=args.all_namespaces,
         namespaces=() if args.all_namespaces else args.namespace,
         liveness_endpoint=args.liveness,
         standalone=True,
+        memo=kopf.Memo(metrics=metrics),  # the startup handler hands it to every pass
     )
     return 0
 

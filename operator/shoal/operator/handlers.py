@@ -84,7 +84,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_):
     settings.networking.error_backoffs = ERROR_BACKOFFS
     # The root memo: every resource handler's memo is a shallow copy of it, made after the
     # startup handlers ran, so all of them hold this one state.
-    memo.shoal = OperatorState(Kube())
+    memo.shoal = OperatorState(Kube(), metrics=memo.get("metrics"))  # __main__: /metrics
     log.info("shoal-operator started: resync every %.1fs, PDB API %s, %s", RESYNC_SECONDS,
              memo.shoal.reconciler.pdb_api_version(), memo.shoal.settings)
 

@@ -23,6 +23,7 @@ from shoal.operator import adapter_pass, node_index, pod_index, settings
 from shoal.operator.adapter_sync import AdapterSync
 from shoal.operator.drain_probe import DrainProbes
 from shoal.operator.kube import Kube
+from shoal.operator.metrics import OperatorMetrics
 from shoal.operator.observed import iso
 from shoal.operator.reconcile import Outcome, Reconciler, listed_pods
 from shoal.operator.wakeups import Wakeups
@@ -83,7 +84,7 @@ def server_version_info(kube: Kube) -> dict | None:
 
 
 class OperatorState:
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, metrics: OperatorMetrics | None = None):
         self.pods = pod_index.PodIndex(listed_pods(kube))
         self.nodes = node_index.NodeIndex(node_index.listed_node(kube))
         self.node_changes = node_index.ReadyChanges()
@@ -95,7 +96,8 @@ class OperatorState:
         self.settings = settings.from_env(server_version_info(kube))
         self.reconciler = Reconciler(kube, pods=self.pods, in_flight=self.drain_probes.counts,
                                      settings=self.settings, adapters=self.adapters,
-                                     adapter_sync=self.adapter_sync, nodes=self.nodes)
+                                     adapter_sync=self.adapter_sync, nodes=self.nodes,
+                                     metrics=metrics)
         self.stats = StatsFile(kube, os.environ.get(STATS_ENV))
         self._stop_waiters: dict[str, StopWaiter] = {}  # uid -> its delete handler's waiter
         self._waiters_lock = threading.Lock()

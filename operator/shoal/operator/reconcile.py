@@ -29,6 +29,7 @@ from shoal.operator.apply import Applier
 from shoal.operator.autoscale_hpa import HPALister, HPAs
 from shoal.operator.autoscale_scrape import Scrape, Scraper
 from shoal.operator.kube import Kube
+from shoal.operator.metrics import OperatorMetrics
 from shoal.operator.node_index import NodeIndex, listed_node
 from shoal.operator.observed import iso, metrics_url, owned_by, pod_ready, status_differs
 from shoal.operator.phases import GroupPhase
@@ -71,7 +72,8 @@ class Reconciler:
                  pods: PodSource | None = None, in_flight: InFlight | None = None,
                  settings: OperatorSettings | None = None, scrape: Scrape | None = None,
                  hpas: HPASource | None = None, adapters: AdapterSource | None = None,
-                 adapter_sync: AdapterSync | None = None, nodes: NodeIndex | None = None):
+                 adapter_sync: AdapterSync | None = None, nodes: NodeIndex | None = None,
+                 metrics: OperatorMetrics | None = None):
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.applier = Applier(kube, pdb_api_version=pdb_api_version)
@@ -82,6 +84,7 @@ class Reconciler:
         self.hpas = hpas or HPALister(kube)
         self.adapters = AdapterPass(kube, adapters, adapter_sync)
         self.nodes = nodes or NodeIndex(listed_node(kube))
+        self.metrics = metrics or OperatorMetrics()  # the operator's /metrics (metrics.py)
         self._locks: dict[tuple, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_pass: dict[tuple, float] = {}
@@ -206,6 +209,7 @@ class Reconciler:
                 patch["lastFailure"] = {k: None for k in old["lastFailure"]} | p.last_failure
             self.kube.patch(L.API_VERSION, L.PLURAL, ref.namespace, ref.name, {"status": patch},
                             sub="status")
+        self.metrics.report(ref, spec, status, now)
         return status
 
     @staticmethod
