@@ -137,7 +137,8 @@ def test_scrape_configuration_keeps_exactly_the_rank0_pods_the_operator_renders(
         assert _kept(job, _meta(rank0)) and not _kept(job, _meta(rank1))
     # The chart's PodMonitor selects the same pods, on the same port.
     objs = helm_template("--set", "monitoring.serviceMonitor.enabled=true")
-    (pm,) = [o for o in objs if o["kind"] == "PodMonitor"]
+    (pm,) = [o for o in objs if o["kind"] == "PodMonitor"
+             and o["metadata"]["name"].endswith("-engines")]
     rank0 = render.engine_pod(*parse(body), 0, 0)
     labels = rank0["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
