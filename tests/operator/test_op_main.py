@@ -39,3 +39,15 @@ def test_namespaces_from_flags_or_environment(monkeypatch, argv, env, namespaces
         monkeypatch.setenv(k, v)
     args = parse_args(argv)
     assert args.all_namespaces is clusterwide and (args.namespace or []) == namespaces
+
+
+@pytest.mark.parametrize("argv, env, port", [
+    (["-A"], {}, 0),
+    (["-A", "--metrics-port", "8081"], {}, 8081),
+    (["-A"], {"SHOAL_METRICS_PORT": "9100"}, 9100),
+])
+def test_metrics_port_from_flag_or_environment(monkeypatch, argv, env, port):
+    monkeypatch.delenv("SHOAL_METRICS_PORT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert parse_args(argv).metrics_port == port

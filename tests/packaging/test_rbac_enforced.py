@@ -89,9 +89,12 @@ class Operator:
         dep = env.get("deployment", "shoal-operator", "-n", release_ns)
         assert dep, "the chart's Deployment"
         container = dep["spec"]["template"]["spec"]["containers"][0]
-        port = cpmod.free_port()
+        port, metrics_port = cpmod.free_port(), cpmod.free_port()
         self.health = f"http://127.0.0.1:{port}/healthz"
-        self.args = [a if not a.startswith("--liveness=") else f"--liveness={self.health}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        ports = {"--liveness=": f"--liveness={self.health}",
+                 "--metrics-port=": f"--metrics-port={metrics_port}"}
+        self.args = [next((v for k, v in ports.items() if a.startswith(k)), a)
                      for a in container["args"]]
         self.log = env.home / f"operator-{release_ns}.log"
         exe = Path(sys.executable).with_name("shoal-operator")
@@ -108,6 +111,14 @@ class Operator:
                 return r.status == 200
         except OSError:
             return False
+
+    def engine_series(self, ns: str, name: str) -> list[str]:
+        """The lines of the operator's /metrics about one InferenceEngine."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        assert "shoal_operator_build_info{" in text, text[:2000]
+        return [line for line in text.splitlines()
+                if f'inference_engine="{name}"' in line and f'namespace="{ns}"' in line]
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
@@ -153,12 +164,18 @@ def run_operator_against(env: Env, release_ns: str, watched: str, unwatched: str
                       what=f"the operator to create every child of {watched}/shoal-tiny "
                            "and write status")
         assert ie["status"]["phase"] in ("Pending", "Progressing"), ie["status"]
+        # The pass's status is on the operator's /metrics (the chart's metrics port).
+        series = wait_for(lambda: op.engine_series(watched, "shoal-tiny"), timeout=30,
+                          interval=0.5, what="the engine's series on the operator's /metrics")
+        assert 'shoal_engine_groups_desired{inference_engine="shoal-tiny",namespace="' \
+            f'{watched}"}} 1.0' in series, series
         if unwatched:
             pods = env.get("pods", "-n", unwatched)
             assert pods["items"] == [], "an unwatched namespace was reconciled"
         env.kubectl("delete", "ie", "shoal-tiny", "-n", watched, "--wait=false")
         wait_for(lambda: env.get("ie", "shoal-tiny", "-n", watched) is None, timeout=90,
                  interval=0.5, what="the operator to stop the group and remove its finalizer")
+        assert op.engine_series(watched, "shoal-tiny") == [], "a deleted engine kept series"
         assert op.forbidden() == [], "\n".join(op.forbidden())
     except BaseException:
         print(f"--- operator log ({op.log}):\n{op.tail()}")
