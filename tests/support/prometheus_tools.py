@@ -1,4 +1,5 @@
-"""Real `prometheus` and `promtool` for the alert tests, from Debian's `prometheus` package.
+"""Real `prometheus` and `promtool` for the alert tests, from Debian's `prometheus` package, and
+`PrometheusServer`: a `prometheus` of a test's own (its config, its rule file, a free port).
 
 Installed once per machine with apt-get (as root, like devcluster/shoal/devcluster/build.sh),
 under a file lock so that concurrent test runs install once; dpkg's own lock is waited for
@@ -13,13 +14,19 @@ A machine where it is missing and cannot be installed makes the tests fail with 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from support.k8s_tools import cache_dir
+from support.net import free_port
+from support.wait import wait_for
 
 PACKAGE = "prometheus"  # Debian bookworm: 2.42.0+ds
 
@@ -82,6 +89,69 @@ def ensure_prometheus() -> PrometheusTools:
         raise PrometheusMissing(f"apt-get installed {PACKAGE}, but prometheus/promtool are "
                                 f"still not on PATH ({os.environ.get('PATH')})")
     return tools
+
+
+class PrometheusServer:
+    """`prometheus` on 127.0.0.1 with `config` (a prometheus.yml as a dict; its `rule_files`
+    are written from `rules`: file name -> text), its data and log under `tmp`."""
+
+    def __init__(self, config: dict, rules: dict[str, str], tmp: Path) -> None:
+        self.tmp, self.port = tmp, free_port()
+        for name, text in rules.items():
+            (tmp / name).write_text(text)
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump({**config,
+                                                            "rule_files": sorted(rules)}))
+        self.log_path = tmp / "prometheus.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [str(ensure_prometheus().prometheus), f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _get(self, path: str, **params) -> dict:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{self.log()}")
+        url = f"http://127.0.0.1:{self.port}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)
+
+    def wait_ready(self, timeout: float = 60) -> PrometheusServer:
+        def ready() -> bool:
+            try:
+                return bool(self._get("/api/v1/status/runtimeinfo"))
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=timeout, interval=0.3, what="prometheus to answer",
+                 detail=self.log)
+        return self
+
+    def query(self, expr: str) -> list[dict]:
+        """An instant query's vector (each item: metric labels and value)."""
+        return self._get("/api/v1/query", query=expr)["data"]["result"]
+
+    def alerts(self) -> list[dict]:
+        """/api/v1/alerts: pending and firing alerts (resolved ones are not listed)."""
+        return self._get("/api/v1/alerts")["data"]["alerts"]
+
+    def targets(self) -> list[dict]:
+        return self._get("/api/v1/targets")["data"]["activeTargets"]
+
+    def log(self, lines: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""The chart's alerts against the real cluster: a real Prometheus on this machine finds the pods
+through the cluster's API (kubernetes_sd with the shipped scrape jobs of
+examples/autoscaling/prometheus-scrape.yaml), scrapes the operator, the frontends and the
+engines by pod IP, and evaluates the rule file the chart renders at its default thresholds and
+`for:` durations. Only the scrape and evaluation intervals are the test's (2 s).
+
+The engine's restart back-off (restartPolicy.backoffBaseSeconds, the user's own knob for how
+long a dead group waits) is 90 s, so the group stays down longer than ShoalEngineGroupDown's
+`for: 1m`: the alert must fire after the kill, before the restart, and resolve once the group
+is Ready again."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import create, kill9_engine_core, record, status, wait_ready
+from support.prometheus_tools import PrometheusMissing, PrometheusServer, ensure_prometheus
+from support.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+SCRAPE = REPO / "examples" / "autoscaling" / "prometheus-scrape.yaml"
+RULES_KEY = "shoal-alerts.rules.yaml"
+BACKOFF_S = 90
+INTERVAL = "2s"
+DOWN = "ShoalEngineGroupDown"
+
+
+def shipped_rules(cluster) -> str:
+    """The rule file of the chart, default values (`helm template`, its ConfigMap)."""
+    out = cluster.helm("template", "shoal", str(REPO / "charts" / "shoal"), "--namespace",
+                       "shoal-system", "--set", "monitoring.alerts.configMap.enabled=true",
+                       "--show-only", "templates/alerts.yaml")
+    (cm,) = [d for d in yaml.safe_load_all(out) if d]
+    return cm["data"][RULES_KEY]
+
+
+def prometheus_config(cluster, namespaces: list[str], tmp: Path) -> dict:
+    """The shipped scrape jobs, pointed at the cluster's API server with its token."""
+    kubeconfig = json.loads(Path(cluster.kubeconfig).read_text())
+    (c,) = kubeconfig["clusters"]
+    (u,) = kubeconfig["users"]
+    token = tmp / "token"
+    token.write_text(u["user"]["token"])
+    sd = {"role": "pod", "api_server": c["cluster"]["server"],
+          "tls_config": {"ca_file": c["cluster"]["certificate-authority"]},
+          "authorization": {"credentials_file": str(token)},
+          "namespaces": {"names": namespaces}}
+    jobs = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
+    for job in jobs:
+        job["kubernetes_sd_configs"] = [{**s, **sd} for s in job["kubernetes_sd_configs"]]
+    return {"global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL,
+                       "evaluation_interval": INTERVAL},
+            "scrape_configs": jobs}
+
+
+def down_alerts(prom: PrometheusServer, ns: str) -> list[dict]:
+    return [a for a in prom.alerts()
+            if a["labels"].get("alertname") == DOWN and a["labels"].get("namespace") == ns]
+
+
+@pytest.fixture
+def prometheus(cluster, new_ns, tmp_path):
+    try:
+        ensure_prometheus()
+    except PrometheusMissing as e:
+        pytest.fail(f"prometheus is needed for the alert test: {e}", pytrace=False)
+    ns = new_ns("e2e-alerts")
+    prom = PrometheusServer(prometheus_config(cluster, [ns, "shoal-system"], tmp_path),
+                            {"shoal-alerts.rules.yaml": shipped_rules(cluster)}, tmp_path)
+    try:
+        yield ns, prom.wait_ready()
+    except BaseException:
+        print(f"--- prometheus log:\n{prom.log(80)}")
+        raise
+    finally:
+        prom.stop()
+
+
+@pytest.mark.timeout(900)
+def test_engine_down_alert_fires_after_a_kill_and_resolves_after_the_restart(cluster,
+                                                                             prometheus):
+    ns, prom = prometheus
+    name = "alerting"
+    create(cluster, ns, name, restartPolicy={"backoffBaseSeconds": BACKOFF_S,
+                                             "backoffMaxSeconds": 300})
+    wait_ready(cluster, ns, name, "1/1")
+    # Prometheus sees the group Ready through the operator's series (the operator's target is
+    # up), and nothing about this engine is pending or firing.
+    wait_for(lambda: prom.query(f'shoal_engine_group_ready{{namespace="{ns}"}} == 1'),
+             timeout=60, interval=1, what="Prometheus to scrape the operator's Ready group",
+             detail=lambda: json.dumps(prom.targets(), indent=1)[-4000:])
+    assert not down_alerts(prom, ns)
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "ShoalOperatorDown"]
+
+    t_kill = time.monotonic()  # before the kill: the alert can only come later
+    kill9_engine_core(cluster, ns, f"{name}-g0-r0")
+    fired = wait_for(lambda: [a for a in down_alerts(prom, ns) if a["state"] == "firing"],
+                     timeout=BACKOFF_S + 60, interval=1,
+                     what=f"{DOWN} to fire after the kill",
+                     detail=lambda: f"alerts: {prom.alerts()}\nstatus: {status(cluster, ns, name)}")
+    t_fired = time.monotonic()
+    (alert,) = fired
+    assert alert["labels"] == {"alertname": DOWN, "namespace": ns, "inference_engine": name,
+                               "engine_group": "0", "severity": "warning"}
+    assert alert["annotations"]["summary"] == f"Engine group 0 of {ns}/{name} is down"
+    st = status(cluster, ns, name)
+    assert st["groups"][0]["phase"] == "BackingOff" and st["restartCount"] == 1, st
+
+    wait_ready(cluster, ns, name, "1/1", timeout=BACKOFF_S + 240)
+    t_ready = time.monotonic()
+    assert status(cluster, ns, name)["restartCount"] == 1
+    wait_for(lambda: not down_alerts(prom, ns), timeout=60, interval=1,
+             what=f"{DOWN} to resolve after the group is Ready again",
+             detail=lambda: f"alerts: {prom.alerts()}")
+    t_resolved = time.monotonic()
+    record("alert fired after kill", t_fired - t_kill, alert=DOWN, backoff_s=BACKOFF_S)
+    record("alert resolved after Ready", t_resolved - t_ready, alert=DOWN)
+    # It fired only once its `for: 1m` had passed, and before the restart was due.
+    assert 60 <= t_fired - t_kill < BACKOFF_S, t_fired - t_kill
