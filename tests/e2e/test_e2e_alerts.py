@@ -27,6 +27,7 @@ RULES_KEY = "shoal-alerts.rules.yaml"
 BACKOFF_S = 90
 INTERVAL = "2s"
 DOWN = "ShoalEngineGroupDown"
+NO_GROUP = "ShoalFrontendNoReadyGroup"
 
 
 def shipped_rules(cluster) -> str:
@@ -57,9 +58,10 @@ def prometheus_config(cluster, namespaces: list[str], tmp: Path) -> dict:
             "scrape_configs": jobs}
 
 
-def down_alerts(prom: PrometheusServer, ns: str) -> list[dict]:
+def alerts(prom: PrometheusServer, ns: str, name: str = DOWN, state: str | None = None):
     return [a for a in prom.alerts()
-            if a["labels"].get("alertname") == DOWN and a["labels"].get("namespace") == ns]
+            if a["labels"].get("alertname") == name and a["labels"].get("namespace") == ns
+            and state in (None, a["state"])]
 
 
 @pytest.fixture
@@ -90,16 +92,18 @@ def test_engine_down_alert_fires_after_a_kill_and_resolves_after_the_restart(clu
     wait_ready(cluster, ns, name, "1/1")
     # Prometheus sees the group Ready through the operator's series (the operator's target is
     # up), and nothing about this engine is pending or firing.
-    wait_for(lambda: prom.query(f'shoal_engine_group_ready{{namespace="{ns}"}} == 1'),
-             timeout=60, interval=1, what="Prometheus to scrape the operator's Ready group",
+    def seen_ready() -> bool:  # (ShoalOperatorDown is pending until the first scrape)
+        return bool(prom.query(f'shoal_engine_group_ready{{namespace="{ns}"}} == 1')) and not [
+            a for a in prom.alerts() if a["labels"]["alertname"] == "ShoalOperatorDown"]
+
+    wait_for(seen_ready, timeout=60, interval=1,
+             what="Prometheus to scrape the operator's Ready group",
              detail=lambda: json.dumps(prom.targets(), indent=1)[-4000:])
-    assert not down_alerts(prom, ns)
-    assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "ShoalOperatorDown"]
+    assert not alerts(prom, ns) and not alerts(prom, ns, NO_GROUP)
 
     t_kill = time.monotonic()  # before the kill: the alert can only come later
     kill9_engine_core(cluster, ns, f"{name}-g0-r0")
-    fired = wait_for(lambda: [a for a in down_alerts(prom, ns) if a["state"] == "firing"],
-                     timeout=BACKOFF_S + 60, interval=1,
+    fired = wait_for(lambda: alerts(prom, ns, state="firing"), timeout=BACKOFF_S + 60, interval=1,
                      what=f"{DOWN} to fire after the kill",
                      detail=lambda: f"alerts: {prom.alerts()}\nstatus: {status(cluster, ns, name)}")
     t_fired = time.monotonic()
@@ -109,15 +113,28 @@ def test_engine_down_alert_fires_after_a_kill_and_resolves_after_the_restart(clu
     assert alert["annotations"]["summary"] == f"Engine group 0 of {ns}/{name} is down"
     st = status(cluster, ns, name)
     assert st["groups"][0]["phase"] == "BackingOff" and st["restartCount"] == 1, st
+    # The frontend, its only group gone from its discovery list, has fired too (its series
+    # come through the shipped frontend job).
+    (no_group,) = wait_for(lambda: alerts(prom, ns, NO_GROUP, "firing"), timeout=BACKOFF_S,
+                           interval=1, what=f"{NO_GROUP} to fire during the back-off")
+    t_no_group = time.monotonic()
+    assert no_group["labels"]["inference_engine"] == name
+    assert no_group["labels"]["pod"].startswith(f"{name}-frontend-")
 
     wait_ready(cluster, ns, name, "1/1", timeout=BACKOFF_S + 240)
     t_ready = time.monotonic()
     assert status(cluster, ns, name)["restartCount"] == 1
-    wait_for(lambda: not down_alerts(prom, ns), timeout=60, interval=1,
+    wait_for(lambda: not alerts(prom, ns), timeout=60, interval=1,
              what=f"{DOWN} to resolve after the group is Ready again",
              detail=lambda: f"alerts: {prom.alerts()}")
     t_resolved = time.monotonic()
+    wait_for(lambda: not alerts(prom, ns, NO_GROUP), timeout=60, interval=1,
+             what=f"{NO_GROUP} to resolve after the group is Ready again",
+             detail=lambda: f"alerts: {prom.alerts()}")
+    t_no_group_resolved = time.monotonic()
     record("alert fired after kill", t_fired - t_kill, alert=DOWN, backoff_s=BACKOFF_S)
     record("alert resolved after Ready", t_resolved - t_ready, alert=DOWN)
+    record("alert fired after kill", t_no_group - t_kill, alert=NO_GROUP, backoff_s=BACKOFF_S)
+    record("alert resolved after Ready", t_no_group_resolved - t_ready, alert=NO_GROUP)
     # It fired only once its `for: 1m` had passed, and before the restart was due.
     assert 60 <= t_fired - t_kill < BACKOFF_S, t_fired - t_kill
