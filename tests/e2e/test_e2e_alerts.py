@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import create, kill9_engine_core, record, status, wait_ready
 from support.prometheus_tools import PrometheusMissing, PrometheusServer, ensure_prometheus
 from support.wait import wait_for
+
+from e2e.e2e_helpers import create, kill9_engine_core, record, status, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SCRAPE = REPO / "examples" / "autoscaling" / "prometheus-scrape.yaml"
