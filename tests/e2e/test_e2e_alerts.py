@@ -1,8 +1,11 @@
-"""The chart's alerts against the real cluster: a real Prometheus on this machine finds the pods
-through the cluster's API (kubernetes_sd with the shipped scrape jobs of
-examples/autoscaling/prometheus-scrape.yaml), scrapes the operator, the frontends and the
-engines by pod IP, and evaluates the rule file the chart renders at its default thresholds and
-`for:` durations. Only the scrape and evaluation intervals are the test's (2 s).
+"""The chart's alerts against the real cluster: a real Prometheus on this machine scrapes the
+operator, the frontends and the engines by pod IP with the shipped scrape jobs of
+examples/autoscaling/prometheus-scrape.yaml, and evaluates the rule file the chart renders at its
+default thresholds and `for:` durations. Only the scrape and evaluation intervals are the
+test's (2 s), and the discovery: Debian's prometheus has no kubernetes_sd, so the jobs'
+`kubernetes_sd_configs` (role: pod) become a `file_sd_configs` file that PodDiscovery
+(tests/support/prometheus_tools.py) fills from the cluster's API with the same labels; the
+jobs' relabel rules are the shipped ones.
 
 The engine's restart back-off (restartPolicy.backoffBaseSeconds, the user's own knob for how
 long a dead group waits) is 90 s, so the group stays down longer than ShoalEngineGroupDown's
@@ -17,7 +20,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.prometheus_tools import PrometheusMissing, PrometheusServer, ensure_prometheus
+from support.prometheus_tools import (
+    PodDiscovery,
+    PrometheusMissing,
+    PrometheusServer,
+    ensure_prometheus,
+)
 from support.wait import wait_for
 
 from e2e.e2e_helpers import create, kill9_engine_core, record, status, wait_ready
@@ -40,23 +48,27 @@ def shipped_rules(cluster) -> str:
     return cm["data"][RULES_KEY]
 
 
-def prometheus_config(cluster, namespaces: list[str], tmp: Path) -> dict:
-    """The shipped scrape jobs, pointed at the cluster's API server with its token."""
-    kubeconfig = json.loads(Path(cluster.kubeconfig).read_text())
-    (c,) = kubeconfig["clusters"]
-    (u,) = kubeconfig["users"]
-    token = tmp / "token"
-    token.write_text(u["user"]["token"])
-    sd = {"role": "pod", "api_server": c["cluster"]["server"],
-          "tls_config": {"ca_file": c["cluster"]["certificate-authority"]},
-          "authorization": {"credentials_file": str(token)},
-          "namespaces": {"names": namespaces}}
+def prometheus_config(targets: Path) -> dict:
+    """The shipped scrape jobs, their pod discovery read from `targets` (PodDiscovery)."""
     jobs = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
     for job in jobs:
-        job["kubernetes_sd_configs"] = [{**s, **sd} for s in job["kubernetes_sd_configs"]]
+        assert [sd["role"] for sd in job.pop("kubernetes_sd_configs")] == ["pod"], job
+        job["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
     return {"global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL,
                        "evaluation_interval": INTERVAL},
             "scrape_configs": jobs}
+
+
+def pod_lister(cluster, namespaces: list[str]):
+    from kubernetes import client
+
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+
+    def pods() -> list[dict]:
+        return [api.sanitize_for_serialization(p) for ns in namespaces
+                for p in core.list_namespaced_pod(ns, _request_timeout=10).items]
+    return pods
 
 
 def alerts(prom: PrometheusServer, ns: str, name: str = DOWN, state: str | None = None):
@@ -72,21 +84,23 @@ def prometheus(cluster, new_ns, tmp_path):
     except PrometheusMissing as e:
         pytest.fail(f"prometheus is needed for the alert test: {e}", pytrace=False)
     ns = new_ns("e2e-alerts")
-    prom = PrometheusServer(prometheus_config(cluster, [ns, "shoal-system"], tmp_path),
+    sd = PodDiscovery(pod_lister(cluster, [ns, "shoal-system"]), tmp_path / "pods.json")
+    prom = PrometheusServer(prometheus_config(tmp_path / "pods.json"),
                             {"shoal-alerts.rules.yaml": shipped_rules(cluster)}, tmp_path)
     try:
-        yield ns, prom.wait_ready()
+        yield ns, prom.wait_ready(), sd
     except BaseException:
         print(f"--- prometheus log:\n{prom.log(80)}")
         raise
     finally:
         prom.stop()
+        sd.stop()
 
 
 @pytest.mark.timeout(900)
 def test_engine_down_alert_fires_after_a_kill_and_resolves_after_the_restart(cluster,
                                                                              prometheus):
-    ns, prom = prometheus
+    ns, prom, sd = prometheus
     name = "alerting"
     create(cluster, ns, name, restartPolicy={"backoffBaseSeconds": BACKOFF_S,
                                              "backoffMaxSeconds": 300})
@@ -99,7 +113,8 @@ def test_engine_down_alert_fires_after_a_kill_and_resolves_after_the_restart(clu
 
     wait_for(seen_ready, timeout=60, interval=1,
              what="Prometheus to scrape the operator's Ready group",
-             detail=lambda: json.dumps(prom.targets(), indent=1)[-4000:])
+             detail=lambda: f"pod discovery error: {sd.error}\n"
+                            + json.dumps(prom.targets(), indent=1)[-4000:])
     assert not alerts(prom, ns) and not alerts(prom, ns, NO_GROUP)
 
     t_kill = time.monotonic()  # before the kill: the alert can only come later

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 from packaging_support import EXAMPLES
+from support.prometheus_tools import pod_targets
 
 SCRAPE_CONFIG = EXAMPLES / "autoscaling" / "prometheus-scrape.yaml"
 RULES_KEY = "shoal-alerts.rules.yaml"
@@ -54,21 +55,6 @@ def exported(text: str) -> dict[str, list[dict]]:
     return out
 
 
-def _clean(key: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
-
-
-def _meta(pod: dict, port: str, ip: str) -> dict:
-    """The pod's Kubernetes service-discovery labels for one of its ports (role: pod)."""
-    m = pod["metadata"]
-    return {"__meta_kubernetes_namespace": m["namespace"],
-            "__meta_kubernetes_pod_name": m["name"],
-            "__meta_kubernetes_pod_container_port_name": port,
-            "__address__": f"{ip}:8000",
-            **{f"__meta_kubernetes_pod_label_{_clean(k)}": v
-               for k, v in (m.get("labels") or {}).items()}}
-
-
 def scrape_job(job: str) -> dict:
     cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
     (found,) = [j for j in cfg["scrape_configs"] if j["job_name"] == job]
@@ -76,12 +62,13 @@ def scrape_job(job: str) -> dict:
 
 
 def target_labels(job: str, pod: dict, ip: str = "10.0.0.7") -> dict | None:
-    """The labels the shipped job gives a target on `pod` (keep and replace rules, Prometheus'
-    defaults), or None when no port of the pod is kept."""
+    """The labels the shipped job gives a target on `pod` (kubernetes_sd role: pod, as
+    support.prometheus_tools.pod_targets writes it for the e2e Prometheus; keep and replace
+    rules, Prometheus' defaults), or None when no port of the pod is kept."""
     cfg = scrape_job(job)
-    ports = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []]
-    for port in ports:
-        labels = _meta(pod, port, ip)
+    for group in pod_targets([{**pod, "status": {"podIP": ip, "phase": "Running"}}]):
+        (address,) = group["targets"]
+        labels = {**group["labels"], "__address__": address}
         for rule in cfg["relabel_configs"]:
             value = (rule.get("separator", ";")).join(labels.get(s, "")
                                                        for s in rule["source_labels"])

@@ -1,5 +1,12 @@
-"""Real `prometheus` and `promtool` for the alert tests, from Debian's `prometheus` package, and
-`PrometheusServer`: a `prometheus` of a test's own (its config, its rule file, a free port).
+"""Real `prometheus` and `promtool` for the alert tests, from Debian's `prometheus` package,
+`PrometheusServer`: a `prometheus` of a test's own (its config, its rule file, a free port), and
+`PodDiscovery`: Kubernetes pod discovery for it through a file.
+
+Debian's prometheus (2.42.0+ds) is built without `kubernetes_sd_configs` (its config loader
+says "field kubernetes_sd_configs not found"), so `PodDiscovery` does what its `role: pod`
+does: it lists the pods through the API every second and writes one target per container port
+with the same `__meta_kubernetes_*` labels into a `file_sd_configs` file. The shipped scrape
+jobs' relabel rules then run unchanged.
 
 Installed once per machine with apt-get (as root, like devcluster/shoal/devcluster/build.sh),
 under a file lock so that concurrent test runs install once; dpkg's own lock is waited for
@@ -16,10 +23,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
+import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +162,74 @@ class PrometheusServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+
+
+def _clean(key: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def pod_targets(pods: list[dict]) -> list[dict]:
+    """file_sd target groups for pods (API dicts), labelled as kubernetes_sd `role: pod` labels
+    a container port's target; pods without an IP yet have none."""
+    groups = []
+    for pod in pods:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        ip = status.get("podIP")
+        if not ip:
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+        common = {"__meta_kubernetes_namespace": meta["namespace"],
+                  "__meta_kubernetes_pod_name": meta["name"],
+                  "__meta_kubernetes_pod_uid": meta.get("uid", ""),
+                  "__meta_kubernetes_pod_ip": ip,
+                  "__meta_kubernetes_pod_ready": str(ready).lower(),
+                  "__meta_kubernetes_pod_phase": status.get("phase", ""),
+                  "__meta_kubernetes_pod_node_name": (pod.get("spec") or {}).get("nodeName", "")}
+        for k, v in (meta.get("labels") or {}).items():
+            common[f"__meta_kubernetes_pod_label_{_clean(k)}"] = v
+            common[f"__meta_kubernetes_pod_labelpresent_{_clean(k)}"] = "true"
+        for k, v in (meta.get("annotations") or {}).items():
+            common[f"__meta_kubernetes_pod_annotation_{_clean(k)}"] = v
+        for c in pod["spec"]["containers"]:
+            for port in c.get("ports") or []:
+                groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": {
+                    **common, "__meta_kubernetes_pod_container_name": c["name"],
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                    "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP"),
+                }})
+    return groups
+
+
+class PodDiscovery:
+    """A thread writing `pod_targets(list_pods())` to `path` every `interval` seconds (the file
+    is replaced, never half-written); file_sd reads it."""
+
+    def __init__(self, list_pods: Callable[[], list[dict]], path: Path, interval: float = 1.0):
+        self.list_pods, self.path, self.interval = list_pods, path, interval
+        self.error: Exception | None = None
+        self._stop = threading.Event()
+        self._write()  # the first targets are there before Prometheus starts
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pod_targets(self.list_pods()), sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._write()
+                self.error = None
+            except Exception as e:  # noqa: BLE001 - the test reports it, the next try may work
+                self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 if __name__ == "__main__":
