@@ -125,12 +125,27 @@ def node_of(c, ns: str, sel: str) -> set[str]:
     return {p["spec"].get("nodeName") for p in pods(c, ns, sel)}
 
 
-def inject(c, ns: str, kind: str, rng: random.Random) -> tuple[str, callable]:
-    """Inject one fault; returns what it hit and what to do once the engine is whole again."""
+def _uids(c, ns: str, sel: str) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods(c, ns, sel)
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def inject(c, ns: str, kind: str, rng: random.Random) -> tuple[str, callable, callable]:
+    """Inject one fault; returns what it hit, when the system has noticed it (a recovery is
+    judged only after that), and what to do once the engine is whole again."""
     def nothing():
         return None
+    restarts = status(c, ns, NAME).get("restartCount", 0)
+
+    def restarted():
+        return status(c, ns, NAME).get("restartCount", 0) > restarts
     if kind in ("core", "api", "engine_pod"):
-        target = rng.choice(_rank0s(c, ns))["metadata"]["name"]
+        victim = rng.choice(_rank0s(c, ns))
+        target, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
+
+        def replaced_or_restarted():  # a one-rank group that vanished is recreated silently
+            return restarted() or all(p["metadata"]["uid"] != uid for p in pods(
+                c, ns, f"shoal.dev/engine={NAME}") if p["metadata"]["name"] == target)
         if kind == "core":
             kill9_engine_core(c, ns, target)
         elif kind == "api":
@@ -138,21 +153,32 @@ def inject(c, ns: str, kind: str, rng: random.Random) -> tuple[str, callable]:
         else:
             c.kubectl("delete", "pod", "-n", ns, target, "--grace-period=0", "--force",
                       "--wait=false")
-        return target, nothing
-    if kind == "frontend_pod":
-        target = rng.choice(pods(c, ns, f"shoal.dev/engine={NAME},shoal.dev/component=frontend"))
-        c.kubectl("delete", "pod", "-n", ns, target["metadata"]["name"], "--wait=false")
-        return target["metadata"]["name"], nothing
-    if kind == "operator_pod":
-        (op,) = [p for p in pods(c, "shoal-system", OPERATOR)
-                 if not p["metadata"].get("deletionTimestamp")]
-        c.kubectl("delete", "pod", "-n", "shoal-system", op["metadata"]["name"], "--wait=false")
-        return op["metadata"]["name"], nothing
+        return target, replaced_or_restarted, nothing
+    if kind in ("frontend_pod", "operator_pod"):
+        where, sel = ((ns, f"shoal.dev/engine={NAME},shoal.dev/component=frontend")
+                      if kind == "frontend_pod" else ("shoal-system", OPERATOR))
+        before = _uids(c, where, sel)
+        target = rng.choice([p for p in pods(c, where, sel)
+                             if not p["metadata"].get("deletionTimestamp")])
+        c.kubectl("delete", "pod", "-n", where, target["metadata"]["name"], "--wait=false")
+
+        def replaced():  # a new pod of the kind is Ready
+            return any(p["metadata"]["uid"] not in before and any(
+                x.get("ready") for x in p["status"].get("containerStatuses") or [])
+                for p in pods(c, where, sel))
+        return target["metadata"]["name"], replaced, nothing
     op_nodes = node_of(c, "shoal-system", OPERATOR)
     nodes = [n["metadata"]["name"] for n in c.get("nodes")["items"]]
     target = next(n for n in nodes if n not in op_nodes)
+    engines_there = bool(node_of(c, ns, f"shoal.dev/engine={NAME}") & {target})
     subprocess.run([sys.executable, "-m", "shoal.devcluster", "freeze", target], check=True,
                    capture_output=True, timeout=60)
+
+    def lost():  # the node controller marked it, and its groups (if any) died node_lost
+        node = c.get("node", target)
+        down = any(x["type"] == "Ready" and x["status"] != "True"
+                   for x in node["status"]["conditions"])
+        return down and (restarted() or not engines_there)
 
     def thaw():
         subprocess.run([sys.executable, "-m", "shoal.devcluster", "thaw", target], check=True,
@@ -160,7 +186,7 @@ def inject(c, ns: str, kind: str, rng: random.Random) -> tuple[str, callable]:
         wait_for(lambda: any(x["type"] == "Ready" and x["status"] == "True"
                              for x in c.get("node", target)["status"]["conditions"]),
                  timeout=180, what=f"{target} Ready again")
-    return target, thaw
+    return target, lost, thaw
 
 
 def engine_idle(ip: str) -> dict[str, float]:
@@ -192,8 +218,9 @@ def run(c, ns: str, minutes: float, seed: int) -> dict:
                 break
             kind = rng.choice(KINDS)
             t0 = time.monotonic()
-            target, after = inject(c, ns, kind, rng)
+            target, noticed, after = inject(c, ns, kind, rng)
             print(f"[chaos +{t0 - (t_end - minutes * 60):5.0f}s] {kind}: {target}", flush=True)
+            wait_for(noticed, timeout=300, interval=0.5, what=f"{kind} ({target}) noticed")
             wait_for(lambda: recovered(c, ns, url), timeout=600, interval=1,
                      what=f"recovery from {kind} ({target})")
             t1 = time.monotonic()
