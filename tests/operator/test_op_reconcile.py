@@ -361,11 +361,15 @@ def test_a_frontend_template_reaches_the_deployment_and_leaves_it_when_removed(
     r.reconcile(body)
     pod = kube.get("apps/v1", "deployments", ns, "fe-frontend")["spec"]["template"]
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
-    assert pod["spec"]["tolerations"] == placed["spec"]["tolerations"]
+    # The template's toleration is added to the operator's lost-node ones (evicted after
+    # restartPolicy.nodeLostSeconds, not Kubernetes' 5 minutes).
+    lost_node = [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+                 for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+    assert pod["spec"]["tolerations"] == lost_node + placed["spec"]["tolerations"]
     assert pod["metadata"]["labels"]["team"] == "search"
     kube.patch(L.API_VERSION, L.PLURAL, ns, "fe", {"spec": {"frontend": {"template": None}}})
     r.reconcile(ie(kube, ns, "fe"))
     pod = kube.get("apps/v1", "deployments", ns, "fe-frontend")["spec"]["template"]
-    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+    assert "nodeSelector" not in pod["spec"] and pod["spec"]["tolerations"] == lost_node
     assert "team" not in pod["metadata"]["labels"]
     assert pod["spec"]["serviceAccountName"] == "fe-frontend"
