@@ -1,5 +1,6 @@
-"""kv-aware scoring (kv_score.py): hits, misses to the least loaded, random ties, stale groups by
-load only; the prompt's token ids; the policy injected into the picker."""
+"""kv-aware scoring (kv_score.py): hits within the load bound, misses to the least loaded,
+random ties, stale groups by load only; the prompt's token ids; the policy injected into the
+picker."""
 
 from __future__ import annotations
 
@@ -52,8 +53,13 @@ def engines(*gauges):
     ("the longest cached prefix wins at equal load", (0, 0, 0), {K[1]: 64, K[2]: 32}, 100,
      set(), {1}),
     ("a hit outweighs a little load", (2, 1, 0), {K[0]: 96}, 100, set(), {0}),
-    ("the busiest group's hit loses to an idle miss when the hit is small",
-     (4, 0, 0), {K[0]: 16}, 100, set(), {1, 2}),
+    ("a hit within the load bound (4) stays where it is cached, however small",
+     (4, 0, 0), {K[0]: 16}, 100, set(), {0}),
+    ("a hit past the load bound goes to the least loaded", (5, 0, 0), {K[0]: 96}, 100, set(),
+     {1, 2}),
+    ("past the bound, the best eligible hit wins", (9, 3, 0), {K[0]: 96, K[1]: 32}, 100, set(),
+     {1}),
+    ("equal hits: the fewer requests", (3, 1, 0), {K[0]: 64, K[1]: 64}, 100, set(), {1}),
     ("a miss goes to the least loaded, not to the smallest index", (3, 5, 1), {}, 100, set(),
      {2}),
     ("a miss with tied loads goes to either", (2, 2, 7), {}, 100, set(), {0, 1}),
@@ -112,10 +118,10 @@ def test_ties_are_broken_at_random_with_the_injected_rng():
 
 
 def test_the_formula():
-    assert score(50, 100, 2, 4) == pytest.approx(0.5 - 0.5 * 0.5)
-    assert score(50, 100, 2, 4, kv_usage=0.8) == pytest.approx(0.5 - 0.5 * 0.5 - 0.25 * 0.8)
-    assert score(0, 100, 0, 0) == 0.0
-    assert score(10, 0, 0, 0) == 0.0
+    assert score(50, 100) == pytest.approx(0.5)
+    assert score(50, 100, kv_usage=0.8) == pytest.approx(0.5 - 0.25 * 0.8)
+    assert score(0, 100) == 0.0
+    assert score(10, 0) == 0.0
     assert choose([], {}, 10, random.Random(0)) is None
 
 

@@ -1,27 +1,31 @@
 """`routing: kv-aware`: send a request to the group whose KV cache already holds most of its
 prompt (kv_index.py, fed by the engines' KV events), weighed against load.
 
-Score of each candidate (usable, ready) group g for a prompt of P tokens:
+Which candidate (usable, ready) group g gets a prompt of P tokens:
 
-    score(g)    = cached(g) / P - alpha * requests(g) / max(1, max requests) - beta * kv(g)
     requests(g) = max(outstanding(g), running(g) + waiting(g))
+    eligible    = the g with requests(g) <= min over candidates of requests + B
+    score(g)    = cached(g) / P - beta * kv(g)          for g eligible
+    winner      = the eligible g of highest score; ties: fewest requests(g), then at random
 
 cached(g) is the index's longest cached prefix on g, in tokens; 0 for a stale group (its
 publisher unreachable, or silent despite traffic: kv_index.why_stale; its entries are not
 trusted, it competes by load only). outstanding(g) is this router's requests in flight on g;
 running, waiting and kv (KV cache usage, 0..1) are the engine's own gauges (engine_load.py, read
 by the health prober every probe round; other routers' requests count there), left out (0) when
-older than engine_load.FRESH_S. The max is over the candidates.
-alpha = ALPHA (0.5): the busiest group gives up half a prompt's worth of hit; beta = BETA (0.25):
-a full KV cache (preemption ahead) gives up a quarter. The highest score wins; ties are broken at
-random (an injectable RNG). A miss (no candidate caches any of the prompt, or a prompt the router
-cannot tokenize exactly) goes to the group that this router last sent the prompt's longest
-claimed prefix (CLAIM_TOKENS-token blocks of its ids), if that group's outstanding requests exceed
-the least loaded's by at most DEFAULT_IMBALANCE (affinity.PrefixAffinity's claims and bound);
-else to the candidate with the fewest requests(g), ties at random, never to whichever has the
-smallest index. Claims are made when a request is routed, before its events can arrive: a burst
-of one tenant's prompts stays together, and a tenant whose blocks were evicted everywhere goes
-back to its last group instead of scattering (measured: benchmarks/README.md, kv-routing).
+older than engine_load.FRESH_S. B = DEFAULT_IMBALANCE (4, prefix-affinity's load bound): load
+moves a hit only past the bound, so a tenant stays where its context is cached while that group
+is at most 4 requests busier than the least loaded (a load term weighed against every hit, the
+first formula, moved a quarter of the hits off their home at 16 req/s: benchmarks/README.md).
+beta = BETA (0.25): a full KV cache (preemption ahead) gives up a quarter of a prompt's hit.
+A miss (no candidate caches any of the prompt, or a prompt the router cannot tokenize exactly)
+goes to the group that this router last sent the prompt's longest claimed prefix
+(CLAIM_TOKENS-token blocks of its ids), if that group's outstanding requests exceed the least
+loaded's by at most B (affinity.PrefixAffinity's claims and bound); else to the candidate with
+the fewest requests(g), ties at random, never to whichever has the smallest index. Claims are
+made when a request is routed, before its events can arrive: a burst of one tenant's prompts
+stays together, and a tenant whose blocks were evicted everywhere goes back to its last group
+instead of scattering (measured: benchmarks/README.md, kv-routing).
 
 Tokenizing (PromptTokenizer): the model's tokenizer.json through `tokenizers` (no torch), as the
 engine does: a completion's text prompt with its special tokens, a token-id prompt as given, the
@@ -44,11 +48,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.contract.routing import DEFAULT_IMBALANCE
 from shoal.router.affinity import PrefixAffinity
 from shoal.router.engine_load import fresh
 from shoal.router.kv_index import KvIndex
 
-ALPHA = 0.5
 BETA = 0.25
 THREAD_ABOVE = 8192  # body bytes above which tokenizing leaves the event loop
 FIRST_CHARS = 16384  # a long prompt's first piece to tokenize (progressive_keys)
@@ -67,11 +71,10 @@ def claim_keys(ids: list[int]) -> list[int]:
     return out
 
 
-def score(cached: int, prompt_tokens: int, requests: float, most_requests: float,
-          kv_usage: float = 0.0, alpha: float = ALPHA, beta: float = BETA) -> float:
-    """The formula above, for one group."""
+def score(cached: int, prompt_tokens: int, kv_usage: float = 0.0, beta: float = BETA) -> float:
+    """The formula above, for one eligible group."""
     hit = cached / prompt_tokens if prompt_tokens else 0.0
-    return hit - alpha * requests / max(1, most_requests) - beta * kv_usage
+    return hit - beta * kv_usage
 
 
 def load_of(state, now: float) -> tuple[float, float]:
@@ -83,24 +86,25 @@ def load_of(state, now: float) -> tuple[float, float]:
 
 
 def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Random,
-           stale: set = frozenset(), alpha: float = ALPHA, now: float = 0.0, home=None):
+           stale: set = frozenset(), imbalance: int = DEFAULT_IMBALANCE, now: float = 0.0,
+           home=None):
     """The candidate (anything with `.group.key`, `.outstanding` and `.engine`, e.g. a picker
     GroupState) to route to; None only when there are no candidates. `home`: the candidate a
     miss goes to (the claim's owner within the load bound), None for the least loaded."""
     if not candidates:
         return None
     loads = {s.group.key: load_of(s, now) for s in candidates}
+    least = min(r for r, _ in loads.values())
+    eligible = [s for s in candidates if loads[s.group.key][0] <= least + imbalance]
     hits = {s.group.key: (0 if s.group.key in stale else cached.get(s.group.key, 0))
-            for s in candidates}
+            for s in eligible}
     if not any(hits.values()):  # a miss: its claimed home, else the least loaded
         if home is not None:
             return home
-        least = min(r for r, _ in loads.values())
         return rng.choice([s for s in candidates if loads[s.group.key][0] == least])
-    most = max(r for r, _ in loads.values())
-    scores = {k: score(hits[k], prompt_tokens, r, most, kv, alpha) for k, (r, kv) in loads.items()}
-    best = max(scores.values())
-    return rng.choice([s for s in candidates if scores[s.group.key] == best])
+    ranks = {k: (score(hits[k], prompt_tokens, loads[k][1]), -loads[k][0]) for k in hits}
+    best = max(ranks.values())
+    return rng.choice([s for s in eligible if ranks[s.group.key] == best])
 
 
 CHAT_REFUSED = ("tools", "reasoning_effort", "continue_final_message", "add_special_tokens",
@@ -301,16 +305,16 @@ class KvAware:
     a silent group stale."""
 
     def __init__(self, index: KvIndex, tokenizer, *,
-                 alpha: float = ALPHA, rng: random.Random | None = None,
+                 imbalance: int = DEFAULT_IMBALANCE, rng: random.Random | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         import time
 
         self.index = index
         self.tokenizer = tokenizer  # a PromptTokenizer
-        self.alpha = alpha
+        self.imbalance = imbalance
         self.rng = rng or random.Random()
         self.clock = clock or time.monotonic
-        self.claims = PrefixAffinity(clock=self.clock)  # where each prefix was last sent
+        self.claims = PrefixAffinity(imbalance, clock=self.clock)  # where each prefix was last sent
 
     def request_keys(self, body: bytes) -> PromptKeys:
         prompt = prompt_of(body, self.tokenizer)
@@ -334,8 +338,8 @@ class KvAware:
         cached = self.index.longest_prefix(keys.ids)
         claimed = claim_keys(keys.ids)
         home = self.claims.choose(claimed, candidates) if claimed else None
-        return choose(candidates, cached, keys.total, self.rng, self.index.stale, self.alpha,
-                      self.clock(), home=home)
+        return choose(candidates, cached, keys.total, self.rng, self.index.stale,
+                      self.imbalance, self.clock(), home=home)
 
     def remember(self, keys, chosen, live) -> None:
         """`chosen` was sent this prompt: it claims the prompt's blocks that have no live
