@@ -7,6 +7,11 @@ more status, its containers neither run nor exit. Here: every process of the nod
 gets SIGSTOP, and its containers (the node's cgroup root, kubelet `--cgroup-root=/NODE`) are
 frozen with the v1 freezer. Nothing is killed: `thaw` resumes all of it, and the node's kubelet
 then finds out what the API decided while it was gone.
+
+The host reaches Service IPs through one node's kube-proxy (shoal.devcluster.net); while that
+node is frozen the route moves to a running node, and back on thaw. Without it a frozen node 1
+would cut the test host off every Service, which says nothing about the cluster: clients of a
+real cluster do not all enter it through one machine.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import signal
 from pathlib import Path
 
+from shoal.devcluster import net
 from shoal.devcluster.layout import NodeLayout, nodes
 from shoal.devcluster.node import CGROUP_FS
 from shoal.devcluster.procs import DevClusterError, log
@@ -49,6 +55,20 @@ def freezer(n: NodeLayout) -> Path:
     return CGROUP_FS / "freezer" / n.name / "freezer.state"
 
 
+def frozen(n: NodeLayout) -> bool:
+    try:
+        return freezer(n).read_text().strip() != "THAWED"
+    except OSError:
+        return False
+
+
+def _route_services() -> None:
+    """The host's Service route through the first node that is not frozen (node 1 when none)."""
+    running = [n for n in nodes() if not frozen(n)]
+    if running:
+        net.route_services(running[0])
+
+
 def _signal(pids: list[int], sig: signal.Signals) -> int:
     done = 0
     for pid in pids:
@@ -68,6 +88,7 @@ def freeze(name: str) -> dict:
     pids = daemons(n)
     stopped = _signal(pids, signal.SIGSTOP)
     log(f"{name}: frozen (containers: {state}; {stopped} node processes stopped: SIGSTOP)")
+    _route_services()
     return {"node": name, "processes": pids, "cgroup": str(state)}
 
 
@@ -80,6 +101,7 @@ def thaw(name: str) -> dict:
     if state.exists():
         state.write_text("THAWED")
     log(f"{name}: thawed ({resumed} node processes resumed: SIGCONT)")
+    _route_services()
     return {"node": name, "processes": pids}
 
 

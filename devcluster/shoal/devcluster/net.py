@@ -8,12 +8,20 @@ Why a bridge: node-to-node (cross-node pod) traffic is switched by the bridge, s
 routes (its ip_forward stays as it is); forwarding is enabled inside the node namespaces only.
 The host reaches pods through routes via each node, and Service IPs through node 1, whose
 kube-proxy DNATs them (masquerading traffic from outside the pod range, so replies come back
-through it).
+through it). While node 1 is frozen (shoal.devcluster.freeze) they go through another node:
+the host stands for a client of the cluster, which a real lost machine does not cut off.
 """
 
 from __future__ import annotations
 
-from shoal.devcluster.layout import BRIDGE, HOST_IP, NODE_NAMES, SERVICE_CIDR, nodes
+from shoal.devcluster.layout import (
+    BRIDGE,
+    HOST_IP,
+    NODE_NAMES,
+    SERVICE_CIDR,
+    NodeLayout,
+    nodes,
+)
 from shoal.devcluster.procs import log, run
 
 
@@ -58,6 +66,12 @@ def setup() -> None:
     _ip("route", "add", SERVICE_CIDR, "via", nodes()[0].ip, "dev", BRIDGE)
     log(f"network: bridge {BRIDGE} {HOST_IP}/24, nodes "
         + ", ".join(f"{n.name} {n.ip} pods {n.pod_cidr}" for n in nodes()))
+
+
+def route_services(via: NodeLayout) -> None:
+    """Send the host's Service traffic through `via`'s kube-proxy."""
+    _ip("route", "replace", SERVICE_CIDR, "via", via.ip, "dev", BRIDGE)
+    log(f"network: Service IPs ({SERVICE_CIDR}) from the host now go through {via.name}")
 
 
 def teardown() -> None:
