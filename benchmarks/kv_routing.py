@@ -29,6 +29,9 @@ tenant's first reuses its context's full blocks.
     PYTHONPATH=tests .venv/bin/python benchmarks/kv_routing.py
 
 It prints the machine's CPU flags and one table (benchmarks/README.md has the figures).
+`--router-restart` instead SIGKILLs kv-aware's router halfway through the workload and starts it
+again: seconds until it serves, until its index holds the engines' blocks again (replay
+snapshots), and the hit rate before the kill, in the first 2 s after and later.
 """
 
 from __future__ import annotations
@@ -144,13 +147,25 @@ class Fleet:
                 cmd += ["--kv-endpoint", f"{i}={self.kv[u].events},{self.kv[u].replay}"]
         env = {**os.environ, "SHOAL_ROUTER_ROUTING": policy,
                "SHOAL_ROUTER_PREFIX_IMBALANCE": str(args.imbalance)}
+        self._router = (cmd, env, tmp / f"router-{policy}.log")
+        return self._spawn_router(f"http://127.0.0.1:{port}")
+
+    def _spawn_router(self, url: str) -> str:
+        cmd, env, log = self._router
         self.procs.append(subprocess.Popen(cmd, start_new_session=True, env=env,
-                                           stdout=subprocess.DEVNULL,
-                                           stderr=open(tmp / f"router-{policy}.log", "w")))
-        url = f"http://127.0.0.1:{port}"
+                                           stdout=subprocess.DEVNULL, stderr=open(log, "a")))
         wait_healthy(url, self.procs[-1])
         wait_usable(url, len(self.urls))
         return url
+
+    def restart_router(self) -> float:
+        """SIGKILL Shoal's router and start it again on its port: seconds until it serves."""
+        old = self.procs.pop()
+        os.killpg(old.pid, signal.SIGKILL)
+        old.wait(30)
+        t0 = time.perf_counter()
+        self._spawn_router(self.url)
+        return time.perf_counter() - t0
 
     def stop(self) -> None:
         if self.peer is not None:
@@ -263,6 +278,76 @@ def measure(args, policy: str, rate: float) -> dict:
             "evicted": int(sum(v[4] for v in d.values())), "kv_tokens": fleet.kv_tokens}
 
 
+class HitSampler:
+    """The groups' prefix-cache hits and queries every `interval` s: (time, hits, queries)."""
+
+    def __init__(self, urls: list[str], interval: float = 0.25) -> None:
+        self.urls, self.interval, self.samples = urls, interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            self.samples.append((t, sum(metric_sum(u, "vllm:prefix_cache_hits_total")
+                                        for u in self.urls),
+                                 sum(metric_sum(u, "vllm:prefix_cache_queries_total")
+                                     for u in self.urls)))
+            self._stop.wait(self.interval)
+
+    def rate(self, start: float, end: float) -> float:
+        """The hit rate of the prefills counted between two times (nearest samples)."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return float("nan")
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def router_restart(args, rate: float) -> dict:
+    """kv-aware, with the router SIGKILLed and restarted halfway through the workload: how long
+    until it serves, until its index holds what the engines hold (their replay snapshots), and
+    the hit rate before the kill, in the first 2 s after the restart and later."""
+    with tempfile.TemporaryDirectory(prefix="kv-routing-") as tmp:
+        fleet = Fleet(args, "kv-aware", Path(tmp))
+        sampler = None
+        try:
+            _, warm = workload(args, seed=99)
+            asyncio.run(open_loop(fleet.url, [p for _, p in warm[:args.groups * 2]], rate, args))
+            _, reqs = workload(args, seed=0)
+            prompts = [p for _, p in reqs]
+            half = len(prompts) // 2
+            sampler = HitSampler(fleet.urls)
+            t_start = time.perf_counter()
+            asyncio.run(open_loop(fleet.url, prompts[:half], rate, args))
+            t_kill = time.perf_counter()
+            held = sum(c.stored - c.removed for c in fleet.counters)
+            up_s = fleet.restart_router()
+            t_up = time.perf_counter()
+            second = threading.Thread(target=lambda: asyncio.run(
+                open_loop(fleet.url, prompts[half:], rate, args)))
+            second.start()
+            index_s = float("nan")
+            while time.perf_counter() - t_up < 30:
+                if metric_sum(fleet.url, "shoal_router_kv_index_blocks") >= held:
+                    index_s = time.perf_counter() - t_up
+                    break
+                time.sleep(0.05)
+            second.join()
+            t_end = time.perf_counter()
+        finally:
+            if sampler is not None:
+                sampler.close()
+            fleet.stop()
+    return {"rate": rate, "held": held, "up_s": up_s, "index_s": index_s,
+            "before": sampler.rate(t_start, t_kill), "first2": sampler.rate(t_up, t_up + 2),
+            "after": sampler.rate(t_up + 2, t_end)}
+
+
 def ceiling(args) -> tuple[float, int]:
     """(hit rate with an unbounded cache on one engine, the contexts' tokens): the engine's own
     tokenizer counts the tokens, its full blocks (16 tokens) are what a hit can reuse."""
@@ -343,7 +428,20 @@ def main() -> None:
     ap.add_argument("--imbalance", type=int, default=4, help="prefix-affinity's bound")
     ap.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--router-restart", action="store_true", help="instead of the table: "
+                    "kv-aware at each rate with its router SIGKILLed and restarted halfway")
     args = ap.parse_args()
+    if args.router_restart:
+        print(cpu_flags())
+        print("\n| rate (req/s) | blocks the engines held | router serving again (s) | index "
+              "whole again (s) | hit rate before the kill | first 2 s after | after that |")
+        print("|---|---|---|---|---|---|---|")
+        for rate in args.rates:
+            r = router_restart(args, rate)
+            print(f"| {rate:g} | {r['held']} | {r['up_s']:.2f} | {r['index_s']:.2f} | "
+                  f"{100 * r['before']:.1f}% | {100 * r['first2']:.1f}% | "
+                  f"{100 * r['after']:.1f}% |", flush=True)
+        return
     ensure_peer_routers()
     print(cpu_flags())
     top, ctx_tokens = ceiling(args)
