@@ -356,3 +356,32 @@ def test_token_id_prompts_are_taken_as_they_are(long_tokenizer):
     counting = Counting(long_tokenizer)
     keys = progressive_keys(Prompt(ids=list(range(50_000))), counting, reach=len)
     assert keys.ids == list(range(50_000)) and keys.total == 50_000 and counting.chars == 0
+
+
+def test_a_miss_between_equally_loaded_groups_goes_to_the_one_holding_fewest_claims():
+    held = {K[0]: 5, K[1]: 0, K[2]: 5}.get
+    assert {choose(states(0, 0, 0), {}, 100, random.Random(s), held=held).group.id
+            for s in range(50)} == {1}
+    # Load first: only the least loaded compete on claims.
+    assert {choose(states(1, 0, 0), {}, 100, random.Random(s), held={K[0]: 0, K[1]: 9,
+                                                                   K[2]: 3}.get).group.id
+            for s in range(50)} == {2}
+    # Equal claims: at random among them.
+    assert {choose(states(0, 0, 0), {}, 100, random.Random(s), held=lambda k: 2).group.id
+            for s in range(50)} == {0, 1, 2}
+
+
+def test_new_tenants_at_idle_groups_are_homed_evenly():
+    """Six tenants arriving one after another while every group is idle: two per group (at
+    random, one group was seen to get 1 tenant of 12 and another 6)."""
+    for seed in range(10):
+        aware = KvAware(KvIndex(stale_after=10.0), None, rng=random.Random(seed),
+                        clock=lambda: 100.0)
+        picker = GroupPicker(kv=aware, clock=lambda: 100.0)
+        picker.set_groups(G)
+        homes = Counter()
+        for t in range(6):
+            tenant = list(range(1000 * (t + 1), 1000 * (t + 1) + 48))
+            homes[picker.pick(prefix=tenant + [1])] += 1
+            assert picker.pick(prefix=tenant + [2]) == picker.pick(prefix=tenant + [3])
+        assert sorted(homes.values()) == [2, 2, 2], (seed, homes)

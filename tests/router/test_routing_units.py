@@ -78,6 +78,12 @@ def test_short_prompts_have_no_key_and_table_is_bounded():
     assert aff.keys("abcdefgh12345678")[1] != aff.keys("abcdefghZZZZZZZZ")[1]
     aff.remember(aff.keys("y" * 100), ("", 0), [("", 0)])
     assert len(aff) == 5
+    # held(): the keys each group owns, through claims taken over and keys evicted.
+    assert aff.held(("", 0)) == 5 and aff.held(("", 1)) == 0
+    aff.remember(aff.keys("z" * 24), ("", 1), [("", 1)])  # 3 new keys push 3 of group 0 out
+    assert (aff.held(("", 0)), aff.held(("", 1)), len(aff)) == (2, 3, 5)
+    aff.remember(aff.keys("z" * 24), ("", 0), [("", 0)])  # group 1 is not live: taken over
+    assert (aff.held(("", 0)), aff.held(("", 1))) == (5, 0)
 
 
 def test_prompt_text_of_completions_and_chat():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -70,6 +70,7 @@ class PrefixAffinity:
         self.clock = clock
         # key -> (owner group key, when claimed); oldest first.
         self._table: OrderedDict[int, tuple[tuple[str, int], float]] = OrderedDict()
+        self._held: Counter[tuple[str, int]] = Counter()  # owner -> keys in the table
 
     def keys(self, text: str) -> list[int]:
         """Chained hashes of the whole chunks of `text`, shortest prefix first."""
@@ -113,10 +114,20 @@ class PrefixAffinity:
         for key in keys:
             owner = self._owner(key, now)
             if owner is None or owner == chosen or owner not in live:
+                before = self._table.get(key)
+                if before is not None:
+                    self._held[before[0]] -= 1
+                self._held[chosen] += 1
                 self._table[key] = (chosen, now)
                 self._table.move_to_end(key)
         while len(self._table) > self.capacity:
-            self._table.popitem(last=False)
+            _, (gone, _) = self._table.popitem(last=False)
+            self._held[gone] -= 1
+
+    def held(self, group: tuple[str, int]) -> int:
+        """How many prefix keys the table gives `group` (expired claims too, until replaced or
+        evicted): the size of the working set homed there."""
+        return self._held.get(group, 0)
 
     def __len__(self) -> int:
         return len(self._table)
