@@ -288,12 +288,16 @@ class HitSampler:
         self._thread.start()
 
     def _run(self) -> None:
+        names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
         while not self._stop.is_set():
             t = time.perf_counter()
-            self.samples.append((t, sum(metric_sum(u, "vllm:prefix_cache_hits_total")
-                                        for u in self.urls),
-                                 sum(metric_sum(u, "vllm:prefix_cache_queries_total")
-                                     for u in self.urls)))
+            hits = queries = 0.0
+            for u in self.urls:  # both counters from one scrape, so a window is consistent
+                text = httpx.get(f"{u}/metrics", timeout=10).text
+                h, q = (sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                            if ln.startswith(n + "{") or ln.startswith(n + " ")) for n in names)
+                hits, queries = hits + h, queries + q
+            self.samples.append((t, hits, queries))
             self._stop.wait(self.interval)
 
     def rate(self, start: float, end: float) -> float:
