@@ -52,7 +52,16 @@ from pathlib import Path
 import httpx
 import msgspec
 import zmq
-from prefix_routing import MODELS, WORDS, cpu_flags, metric_sum, pct, wait_healthy, wait_usable
+from prefix_routing import (
+    MODELS,
+    WORDS,
+    cpu_flags,
+    metric_sum,
+    metric_total,
+    pct,
+    wait_healthy,
+    wait_usable,
+)
 from support.net import free_ports
 from support.peer_routers import KvSource, ensure_peer_routers, sglang_router, vllm_router
 
@@ -294,8 +303,7 @@ class HitSampler:
             hits = queries = 0.0
             for u in self.urls:  # both counters from one scrape, so a window is consistent
                 text = httpx.get(f"{u}/metrics", timeout=10).text
-                h, q = (sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-                            if ln.startswith(n + "{") or ln.startswith(n + " ")) for n in names)
+                h, q = (metric_total(text, n) for n in names)
                 hits, queries = hits + h, queries + q
             self.samples.append((t, hits, queries))
             self._stop.wait(self.interval)

@@ -82,10 +82,14 @@ def wait_usable(gateway: str, n: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def metric_sum(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def metric_total(text: str, name: str) -> float:
+    """The sum of every series of `name` in a Prometheus exposition."""
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                if ln.startswith(name + "{") or ln.startswith(name + " "))
+
+
+def metric_sum(url: str, name: str) -> float:
+    return metric_total(httpx.get(f"{url}/metrics", timeout=10).text, name)
 
 
 class Fleet:
