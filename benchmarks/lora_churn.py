@@ -85,9 +85,12 @@ class Counts:
         self.without_adapter: list[str] = []
         self.ready_but_404: list[str] = []
         self.other: collections.Counter = collections.Counter()
+        self.log: list[tuple[float, str, str]] = []  # (when, kind, detail) of the two goals
 
     def add(self, kind: str, detail: str = "") -> None:
         with self.lock:
+            if kind in ("without", "ready404"):
+                self.log.append((time.monotonic(), kind, detail))
             if kind == "ok":
                 self.ok += 1
             elif kind == "without":
@@ -152,9 +155,30 @@ def _settled(kube: Kube, ns: str, replicas: int) -> bool:
 def _router_misses(url: str) -> float:
     """The frontend's count of adapter requests a group answered 404 for (re-sent to another
     group): sends to a group without the adapter that the client never saw."""
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    try:
+        text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    except httpx.HTTPError as e:  # a count that could not be read is not the run's end
+        print(f"[churn] could not read the routers' miss counter: {type(e).__name__}: {e}")
+        return float("nan")
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("shoal_router_adapter_misses_total"))
+
+
+def bursts(log: list, oplog: list, t0: float) -> None:
+    """Each burst of goal failures (none 3 s apart) with the operations of the 10 s before
+    its start: what to read first when the counts are not 0."""
+    runs: list[list] = []
+    for at, kind, detail in sorted(log):
+        if runs and at - runs[-1][-1][0] <= 3:
+            runs[-1].append((at, kind, detail))
+        else:
+            runs.append([(at, kind, detail)])
+    for burst in runs:
+        start, end = burst[0][0], burst[-1][0]
+        kinds = collections.Counter(k for _, k, _ in burst)
+        before = [f"{at - t0:.1f} {what}" for at, what in oplog if start - 10 <= at <= end]
+        print(f"[burst +{start - t0:.1f}s..+{end - t0:.1f}s] {dict(kinds)}; ops: "
+              f"{'; '.join(before) or '-'}; first: {burst[0][2][:300]}", flush=True)
 
 
 def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
@@ -168,6 +192,7 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
     for t in threads:
         t.start()
     done: collections.Counter = collections.Counter()
+    oplog: list[tuple[float, str]] = []  # (when, what) of each operation, for the bursts
     replicas = 2
     t0 = time.monotonic()
     for i in range(ops):
@@ -187,6 +212,7 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
                 with ads.lock:
                     ads.live.add(name)
                     ads.applied[name] = time.monotonic()
+                oplog.append((time.monotonic(), f"load {name}"))
         if op == "unload":
             if not ads.live:
                 continue
@@ -197,17 +223,21 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
             while ads.in_flight[name]:  # its user stopped asking for it first
                 time.sleep(0.05)
             kube.delete(L.API_VERSION, L.ADAPTER_PLURAL, ns, name)
+            oplog.append((time.monotonic(), f"unload {name}"))
         elif op in ("scale", "kill") and not _settled(kube, ns, replicas):
             op = "skipped"  # one disruption at a time: the engine first serves what it has
         elif op == "scale":
             replicas = max(1, min(3, replicas + rng.choice((-1, 1))))
             kube.patch(L.API_VERSION, L.PLURAL, ns, NAME, {"spec": {"replicas": replicas}})
+            oplog.append((time.monotonic(), f"scale to {replicas}"))
         elif op == "kill":
             ranks = [p for p in pods(c, ns, "shoal.dev/component=engine,shoal.dev/rank=0")
                      if p["status"].get("phase") == "Running"]
             if ranks:
+                victim = rng.choice(ranks)["metadata"]["name"]
+                oplog.append((time.monotonic(), f"kill {victim}"))
                 try:
-                    kill9_engine_core(c, ns, rng.choice(ranks)["metadata"]["name"])
+                    kill9_engine_core(c, ns, victim)
                 except Exception:  # noqa: BLE001 - it was stopping anyway
                     pass
         done[op] += 1
@@ -221,6 +251,7 @@ def run(c, ns: str, root: str, ops: int, seed: int) -> dict:
     for t in threads:
         t.join(timeout=90)
     misses = _router_misses(url)
+    bursts(counts.log, oplog, t0)
     return {"ops": dict(done), "seconds": round(time.monotonic() - t0), "ok": counts.ok,
             "router_misses": misses,
             "without_adapter": counts.without_adapter, "ready_but_404": counts.ready_but_404,

@@ -119,10 +119,16 @@ def test_load_probe_and_unload_against_a_real_engine_and_router(stack, made):
                      json={"model": "sql", "prompt": "Hello", "max_tokens": 2})
     assert out.status_code == 200, out.text
 
-    assert asyncio.run(sync.unload(*KEY, "sql")) == []
-    listed = httpx.get(f"{engine.url}{lora.MODELS_PATH}", timeout=10,
-                       headers={"Authorization": f"Bearer {API_KEY}"}).text
-    assert "sql" not in lora.listed(listed) and MODEL_NAME in listed
+    # the delete returns once the frontend no longer lists it (its prober read the engine)
+    assert asyncio.run(sync.unload(*KEY, "sql", frontends=[router.url])) == []
+    for base in (engine.url, router.url):
+        listed = httpx.get(f"{base}{lora.MODELS_PATH}", timeout=10,
+                           headers={"Authorization": f"Bearer {API_KEY}"}).text
+        assert "sql" not in lora.listed(listed) and MODEL_NAME in listed, base
+    # an adapter made again under the name is not Ready on the old one's probe
+    assert "sql" not in sync.view(*KEY).probes
+    st = _status("sql", made["sql"], sync.view(*KEY))
+    assert st["phase"] != "Ready", st
 
 
 def test_an_hf_source_is_downloaded_by_the_engine_from_the_hub(stack, hub):

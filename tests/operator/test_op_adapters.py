@@ -7,6 +7,7 @@ import pytest
 import yaml
 from shoal.contract import lora
 from shoal.operator import crd_adapter, render
+from shoal.operator import labels as L
 from shoal.operator.adapter_spec import SOURCE_PATTERN, Adapter, engine_path
 from shoal.operator.adapter_status import adapter_events, adapter_status
 from shoal.operator.adapter_sync import Answer, Probe, View
@@ -186,3 +187,21 @@ def test_a_group_whose_list_did_not_answer_is_held_for_a_while_only():
     assert view.answered(0, "sql", now=100.0 + NO_LIST_HOLD_SECONDS)
     refused = View(answers={("sql", 0): _answer(404, "does not exist")})
     assert refused.answered(0, "sql", now=0.0)  # an engine's answer releases at once
+
+
+def test_frontend_urls_are_the_ready_frontend_pods_own_addresses():
+    """An adapter's delete asks each Ready frontend pod (not the Service) whether it still
+    lists the adapter: the rendered frontend pod, as Running and Ready or not."""
+    from shoal.operator.observed import frontend_urls
+    from shoal.operator.spec import EngineRef
+
+    ref = EngineRef("llm", "ns", "u1")
+    template = render.frontend_deployment(ref, parse(engine().obj())[1])["spec"]["template"]
+
+    def pod(ip: str, ready: bool) -> dict:
+        return {**template, "status": {"phase": "Running", "podIP": ip, "conditions": [
+            {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    assert frontend_urls([pod("10.1.0.5", True), pod("10.1.0.6", False),
+                          pod("fd00::7", True), {**template, "status": {"phase": "Pending"}}]
+                         ) == [f"http://10.1.0.5:{L.HTTP_PORT}", f"http://[fd00::7]:{L.HTTP_PORT}"]

@@ -67,3 +67,75 @@ def test_model_of_and_known():
     assert adapters.known(states) == {"a": "m"}
     assert adapters.model_cards({"m": "/path"}, {"a": "m"}) == [("m", "/path", None),
                                                                 ("a", "a", "m")]
+
+
+class _Engines:
+    """Each group's /v1/models as the router's own model_list renders a listing (adapters
+    under their parent), answered after `delay`; counts the reads; a group in `down` fails."""
+
+    def __init__(self, delay: float = 0.05) -> None:
+        self.lists = {g.url: {} for g in G}
+        self.reads = 0
+        self.down: set[str] = set()
+        self.delay = delay
+
+    async def handle(self, request):
+        import asyncio
+
+        import httpx
+        from shoal.router.app import model_list
+
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if request.url.path == "/v1/models":
+            self.reads += 1
+            await asyncio.sleep(self.delay)
+            if base in self.down:
+                return httpx.Response(503)
+            rows = [("tiny", "/m")] + [(n, n, p) for n, p in self.lists[base].items()]
+            return httpx.Response(200, json=model_list(rows, 0))
+        return httpx.Response(404)
+
+
+def _prober(engines: _Engines):
+    import httpx
+    from shoal.router.health import HealthProber
+    from shoal.router.picker import GroupPicker
+
+    picker = GroupPicker()
+    picker.set_groups(G)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(engines.handle))
+    return picker, HealthProber(picker, client)
+
+
+def test_a_reread_is_one_read_that_began_after_the_call():
+    """Callers that ask while a read is in flight wait for it only if it began after they
+    asked; otherwise one more read follows, shared by every caller that was waiting."""
+    import asyncio
+
+    engines = _Engines(delay=0.1)
+    picker, prober = _prober(engines)
+
+    async def scenario():
+        first = asyncio.ensure_future(prober.reread())
+        await asyncio.sleep(0.02)  # the first read is in flight
+        engines.lists[G[1].url] = {"a9": "tiny"}  # loaded after that read began
+        late = [asyncio.ensure_future(prober.reread()) for _ in range(5)]
+        await asyncio.gather(first, *late)
+
+    asyncio.run(scenario())
+    assert engines.reads == 2 * len(G)  # one read for the first caller, one for the five
+    assert picker.states[G[1].key].adapters == {"a9": "tiny"}
+
+
+def test_a_failed_list_read_keeps_the_groups_last_list():
+    import asyncio
+
+    engines = _Engines()
+    engines.lists[G[0].url] = {"a1": "tiny"}
+    picker, prober = _prober(engines)
+    asyncio.run(prober.reread())
+    engines.down.add(G[0].url)
+    asyncio.run(prober.reread())
+    assert picker.states[G[0].key].adapters == {"a1": "tiny"}
+    picker.set_groups([Group(0, "http://g0-moved:8000"), *G[1:]])  # a new address: unread
+    assert picker.states[G[0].key].adapters is None

@@ -39,6 +39,9 @@ READ_TIMEOUT_SECONDS = 2.0
 LOAD_TIMEOUT_SECONDS = 120.0  # reading and checking an adapter's weights in the engine
 PROBE_TIMEOUT_SECONDS = 60.0  # one token through a frontend, behind whatever is queued
 REPROBE_SECONDS = 60.0
+# How long a delete waits for every frontend to stop listing the adapter (its routers re-read
+# the groups' lists every 2 s), so that one made again under the name meets no stale list.
+FRONTEND_DROP_SECONDS = 10.0
 # A new group whose /v1/models does not answer is held this long before it counts as answered
 # (a pod just Ready on a busy node can miss a 2 s read; a hold must still end).
 NO_LIST_HOLD_SECONDS = 30.0
@@ -181,6 +184,7 @@ class AdapterSync:
         self._wants: dict[tuple[str, str], Want] = {}
         self._views: dict[tuple[str, str], View] = {}
         self._tasks: dict[tuple[str, str], asyncio.Task] = {}
+        self._unloaded: dict[tuple[str, str, str], float] = {}  # (ns, engine, name) -> when
         self._lock = threading.Lock()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -191,8 +195,17 @@ class AdapterSync:
         return self._loop is not None
 
     def view(self, namespace: str, engine: str) -> View:
+        """What the task last saw, without a probe made before its adapter was last unloaded
+        (an adapter deleted and made again under its name is proven anew: the old one's probe
+        had made it Ready before it was loaded; found by benchmarks/lora_churn.py)."""
         with self._lock:
-            return self._views.get((namespace, engine)) or View()
+            view = self._views.get((namespace, engine)) or View()
+            gone = {n: at for (ns, e, n), at in self._unloaded.items()
+                    if (ns, e) == (namespace, engine) and n in view.probes}
+        if not gone:
+            return view
+        return replace(view, probes={n: p for n, p in view.probes.items()
+                                     if p.at >= gone.get(n, float("-inf"))})
 
     def follow(self, namespace: str, engine: str, want: Want | None) -> None:
         """From now on keep these groups in sync with these adapters (None or nothing to do:
@@ -311,10 +324,16 @@ class AdapterSync:
             out[name] = Probe(ok, message, on, now)
         return out
 
-    async def unload(self, namespace: str, engine: str, name: str) -> list[str]:
-        """Unload one adapter from every group it is followed on; the failures, each naming
-        its group (a group that no longer has it counts as done)."""
+    async def unload(self, namespace: str, engine: str, name: str,
+                     frontends: list[str] = ()) -> list[str]:
+        """Unload one adapter from every group it is followed on, then wait (at most
+        FRONTEND_DROP_SECONDS) until none of the `frontends` (base URLs) lists it; the
+        failures, each naming its group (a group that no longer has it counts as done)."""
+        now = time.time()
         with self._lock:
+            self._unloaded = {k: at for k, at in self._unloaded.items()
+                              if now - at < REPROBE_SECONDS * 5}
+            self._unloaded[(namespace, engine, name)] = now
             want = self._wants.get((namespace, engine))
             if want is not None:  # no more loads of it meanwhile
                 adapters = {k: v for k, v in want.adapters.items() if k != name}
@@ -330,7 +349,30 @@ class AdapterSync:
             else:
                 log.info("adapter %s unloaded from group %d of %s/%s", name, g, namespace,
                          engine)
+        if not errors:
+            await self._until_dropped(f"{namespace}/{engine}", name, frontends, want.api_key)
         return errors
+
+    async def _until_dropped(self, engine: str, name: str, frontends: list[str],
+                             key: str | None) -> None:
+        """Until no frontend's /v1/models lists `name` (its routers read the groups' lists
+        again): a request for an adapter made again under the name is then never sent on a
+        list from before the unload, to a group without it (benchmarks/lora_churn.py)."""
+        t0 = time.monotonic()
+        left = list(frontends)
+        while left and time.monotonic() - t0 < FRONTEND_DROP_SECONDS:
+            reads = await asyncio.gather(*(self._http.models(u, key) for u in left))
+            left = [u for u, names in zip(left, reads, strict=True)
+                    if names is None or name in names]
+            if left:
+                await asyncio.sleep(0.25)
+        if left:
+            log.warning("adapter %s of %s: still listed by (or no answer from) frontends %s "
+                        "after %.0f s; deleting it anyway", name, engine, ", ".join(left),
+                        FRONTEND_DROP_SECONDS)
+        elif frontends:
+            log.info("adapter %s of %s: no frontend lists it (%.1f s after the unload)", name,
+                     engine, time.monotonic() - t0)
 
 
 def _summary(view: View) -> tuple:

@@ -30,6 +30,7 @@ from shoal.operator import labels as L
 from shoal.operator.adapter_spec import Adapter
 from shoal.operator.kube import Kube
 from shoal.operator.node_loss import NodeHealth
+from shoal.operator.observed import frontend_urls
 from shoal.operator.operator_state import OperatorState
 
 log = logging.getLogger("shoal.operator")
@@ -213,7 +214,10 @@ async def on_adapter_delete(body, memo: kopf.Memo, **kw):
     comes back without it anyway."""
     state = _state(memo, kw)
     adapter = Adapter.of(body)
-    errors = await state.adapter_sync.unload(adapter.ref.namespace, adapter.engine, adapter.name)
+    pods = await asyncio.to_thread(state.reconciler.pods, adapter.ref.namespace,
+                                   adapter.engine, L.COMPONENT_FRONTEND)
+    errors = await state.adapter_sync.unload(adapter.ref.namespace, adapter.engine, adapter.name,
+                                             frontends=frontend_urls(pods))
     if errors:
         events.emit(state.reconciler.kube, adapter.ref, events.WARNING, "UnloadFailed",
                     "; ".join(errors))

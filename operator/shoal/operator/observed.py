@@ -41,6 +41,17 @@ def pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+def frontend_urls(pods: list[dict]) -> list[str]:
+    """The base URLs of the Ready ones of an engine's frontend pods (each pod's own address,
+    not the Service's: a check that every frontend saw a change asks each one)."""
+    out = []
+    for p in pods:
+        ip = (p.get("status") or {}).get("podIP")
+        if ip and pod_ready(p):
+            out.append(f"http://{f'[{ip}]' if ':' in ip else ip}:{L.HTTP_PORT}")
+    return out
+
+
 def marked_not_ready_at(pod: dict) -> dt.datetime | None:
     """When the node controller marked this running pod not Ready, or None when it was not.
 

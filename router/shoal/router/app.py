@@ -219,9 +219,10 @@ def build_app(router: Router) -> FastAPI:
         states = router.picker.states.values()
         if adapters.read_any(states):  # an adapter goes only where it is loaded
             model, loras = adapters.model_of(body), adapters.known(states)
-            if (model is not None and model not in loras and model not in router.model_names()
-                    and await router.prober.read_unlisted()):
-                loras = adapters.known(states)  # a group that just came may list it
+            if (model is not None and model not in loras
+                    and model not in router.model_names()):
+                await router.prober.reread()  # lists read after this request came
+                loras = adapters.known(states)
             if model in loras:
                 only, adapter = adapters.groups_for(model, states), model
             elif model is not None and model not in router.model_names():

@@ -136,8 +136,9 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         states = gw.picker.states.values()
         if model not in models:
             loras = adapters.known(states)
-            if model not in loras and await gw.prober.read_unlisted():
-                loras = adapters.known(states)  # a group that just came may list it
+            if model not in loras:
+                await gw.prober.reread()  # lists read after this request came
+                loras = adapters.known(states)
             if model not in loras:
                 return unknown_model(model, [*models, *loras])
             # A LoRA adapter: only the groups that have it loaded (adapters.py).

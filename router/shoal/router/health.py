@@ -31,6 +31,8 @@ class HealthProber:
         self.client = client
         self.interval = interval
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._reread: asyncio.Future | None = None  # the read of every list now in flight
+        self._reread_at = float("-inf")  # when it started (time.monotonic)
 
     async def probe(self, group: Group) -> None:
         try:
@@ -47,14 +49,17 @@ class HealthProber:
             self.picker.mark_failed(group, f"/health answered {resp.status_code}: {detail}")
 
     async def read_engine(self, group: Group) -> None:
-        """The group's adapters (None: not read) and, from one /metrics read, the adapters it
-        runs and (kv-aware) its load gauges; a failed read leaves none of them (a kv-aware
-        group is then scored by the router's own count)."""
+        """The group's adapters and, from one /metrics read, the adapters it runs and
+        (kv-aware) its load gauges. A failed list read keeps the last list of this address (an
+        engine drops an adapter only when told to, and a group's 404 says so: a busy engine
+        missing a 2 s read made its adapters the router's 404); a failed /metrics read leaves
+        no gauges (a kv-aware group is then scored by the router's own count)."""
         state = self.picker.states.get(group.key)
         if state is None:
             return
         models = await self._get(group, "/v1/models", self.headers)
-        state.adapters = adapters.listed(models) if models is not None else None
+        if models is not None:
+            state.adapters = adapters.listed(models)
         if self.picker.kv is None and not state.adapters:
             return
         text = await self._get(group, "/metrics")
@@ -62,15 +67,24 @@ class HealthProber:
             state.engine = parse(text, time.monotonic()) if text is not None else None
         state.resident = adapters.running(text) if text and state.adapters else frozenset()
 
-    async def read_unlisted(self) -> bool:
-        """Read now what every usable group whose adapters were never read lists (a group just
-        added or moved: a restarted group enters discovery with its adapters loaded, and its
-        list would otherwise be read only at the next round); whether there was any. Before the
-        router answers an unknown name with its own 404 (found by benchmarks/lora_churn.py:
-        the only groups listing an adapter had just restarted)."""
-        unread = [s.group for s in self.picker.usable() if s.adapters is None]
-        await asyncio.gather(*(self.read_engine(g) for g in unread))
-        return bool(unread)
+    async def reread(self) -> None:
+        """Read every usable group's lists by a read that started after this call (one read in
+        flight, shared by every caller that asked before it started). Before the router answers
+        a name no list has with its own 404: a group that just came, or an adapter loaded since
+        the last round, is found (benchmarks/lora_churn.py: an adapter reported Ready, proven
+        through one frontend, was the other frontend's 404 until its next round)."""
+        asked = time.monotonic()
+        while True:
+            task = self._reread
+            if task is not None and self._reread_at >= asked:
+                await asyncio.shield(task)
+                return
+            if task is not None and not task.done():
+                await asyncio.shield(task)  # began before this call: it may miss the change
+                continue
+            self._reread_at = time.monotonic()
+            self._reread = asyncio.ensure_future(asyncio.gather(
+                *(self.read_engine(s.group) for s in self.picker.usable())))
 
     async def _get(self, group: Group, path: str, headers: dict | None = None) -> str | None:
         try:
