@@ -148,3 +148,47 @@ def test_an_hf_source_is_downloaded_by_the_engine_from_the_hub(stack, hub):
                      headers={"Authorization": f"Bearer {API_KEY}"},
                      json={"model": "hubsql", "prompt": "Hello", "max_tokens": 2})
     assert out.status_code == 200, out.text
+
+
+class _Engines:
+    """Two groups' endpoints as the sync calls them (a recording stand-in for the HTTP class:
+    the interleaving below cannot be forced on real engines): a load on group 0 waits for
+    `release`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.loading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def models(self, base, key=None):
+        return frozenset()
+
+    async def post(self, url, body, timeout, key=None):
+        self.calls.append((url, body.get("lora_name") or body.get("model")))
+        if url == "http://g0" + lora.LOAD_PATH:
+            self.loading.set()
+            await self.release.wait()
+        return 200, "{}"
+
+
+def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round():
+    engines = _Engines()
+    sync = AdapterSync(on_change=lambda key: None, http=engines)
+    want = Want(groups={0: "http://g0", 1: "http://g1"}, adapters={"sql": "/a/sql"},
+                service="http://svc")
+    sync.follow(*KEY, want)
+
+    async def scenario():
+        round_ = asyncio.ensure_future(sync.sync_once(KEY, want))
+        await engines.loading.wait()  # group 0's load is in flight
+        assert await sync.unload(*KEY, "sql") == []
+        engines.release.set()
+        return await round_
+
+    view = asyncio.run(scenario())
+    assert engines.calls == [
+        ("http://g0" + lora.LOAD_PATH, "sql"),  # in flight when the delete came
+        ("http://g0" + lora.UNLOAD_PATH, "sql"), ("http://g1" + lora.UNLOAD_PATH, "sql"),
+        ("http://g0" + lora.UNLOAD_PATH, "sql"),  # what that load left, unloaded again
+    ]  # no load on group 1 and no probe through the Service after the delete
+    assert "sql" not in view.probes and not view.has(0, "sql")

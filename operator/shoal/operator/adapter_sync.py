@@ -267,7 +267,15 @@ class AdapterSync:
                     answers[(name, g)] = Answer(False, 0, f"group {g}: {base}{lora.MODELS_PATH}"
                                                 " did not answer", path, first, unlisted=True)
                     continue
+                if self._unloaded_since(key, name, now):
+                    continue  # deleted while this round ran: never loaded again
                 answer = await self._load(g, base, name, path, want.engine_key)
+                if answer.ok and self._unloaded_since(key, name, now):  # deleted meanwhile
+                    await self._http.post(base + lora.UNLOAD_PATH, {"lora_name": name},
+                                          READ_TIMEOUT_SECONDS * 5, want.engine_key)
+                    log.info("adapter %s unloaded again from group %d: deleted while it "
+                             "loaded", name, g)
+                    continue
                 if answer.ok:
                     loaded[g] = have | {name}
                     answers.pop((name, g), None)
@@ -311,6 +319,8 @@ class AdapterSync:
             if fresh:
                 out[name] = last
                 continue
+            if self._unloaded_since(key, name, now):
+                continue  # deleted while this round ran: its probe would meet stale lists
             status, text = await self._http.post(
                 want.service + "/v1/completions",
                 {"model": name, "prompt": "Hello", "max_tokens": 1}, PROBE_TIMEOUT_SECONDS,
@@ -323,6 +333,10 @@ class AdapterSync:
                 log.info("%s/%s adapter %s: %s", *key, name, message)
             out[name] = Probe(ok, message, on, now)
         return out
+
+    def _unloaded_since(self, key: tuple[str, str], name: str, since: float) -> bool:
+        with self._lock:
+            return self._unloaded.get((*key, name), float("-inf")) >= since
 
     async def unload(self, namespace: str, engine: str, name: str,
                      frontends: list[str] = ()) -> list[str]:
