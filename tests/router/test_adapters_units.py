@@ -139,3 +139,31 @@ def test_a_failed_list_read_keeps_the_groups_last_list():
     assert picker.states[G[0].key].adapters == {"a1": "tiny"}
     picker.set_groups([Group(0, "http://g0-moved:8000"), *G[1:]])  # a new address: unread
     assert picker.states[G[0].key].adapters is None
+
+
+@pytest.mark.parametrize("model, lists, after_read, kind, reads", [
+    (None, [None], [None], adapters.SERVED, 0),
+    ("tiny", [{}], [{}], adapters.SERVED, 0),
+    ("a1", [{"a1": "tiny"}, None], None, adapters.ADAPTER, 0),
+    # no list read yet (a group just came back): read now, then the router's own 404
+    ("a1", [None, None], [{}, None], adapters.UNKNOWN, 1),
+    # loaded since the lists were read
+    ("a1", [{}, {}], [{}, {"a1": "tiny"}], adapters.ADAPTER, 1),
+    ("a1", [{}, {}], [{}, {}], adapters.UNKNOWN, 1),
+    # no list can be read: the request passes on, the engine answers for its names
+    ("a1", [None, None], [None, None], adapters.UNREAD, 1),
+])
+def test_lookup_reads_the_lists_again_before_a_name_is_unknown(model, lists, after_read, kind,
+                                                                reads):
+    import asyncio
+
+    states = [State(G[i], 0, a) for i, a in enumerate(lists)]
+    done = []
+
+    async def reread():
+        done.append(1)
+        for s, a in zip(states, after_read, strict=True):
+            s.adapters = a
+
+    assert asyncio.run(adapters.lookup(model, {"tiny"}, states, reread)) == kind
+    assert len(done) == reads

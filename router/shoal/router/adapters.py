@@ -7,15 +7,15 @@ A request whose `model` is an adapter goes only to the groups that list it, to t
 it when one of them is within the load bound of the least loaded (its weights are on the
 device; another group would load them first); when no group lists it, the router answers
 OpenAI's 404 naming the models there are, never a group that would 404 or, worse, answer with
-the base model. Only while no group's list has been read yet does a request pass on unchanged
-(the engine answers for its own names).
+the base model. Only while no group's list could be read (a read is tried first) does a
+request pass on unchanged (the engine answers for its own names).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 
 from shoal.contract.lora import listed  # noqa: F401 - the routers read it from here
 from shoal.contract.routing import DEFAULT_IMBALANCE
@@ -54,6 +54,26 @@ def read_any(states: Iterable) -> bool:
     listed by a group is the router's 404, never a group's (found by benchmarks/lora_churn.py:
     an adapter just created, loaded nowhere yet, went to groups that answered 404)."""
     return any(s.adapters is not None for s in states)
+
+
+SERVED, ADAPTER, UNKNOWN, UNREAD = "served", "adapter", "unknown", "unread"
+
+
+async def lookup(model: str | None, served: Collection[str], states: Collection,
+                 reread: Callable[[], Awaitable[None]]) -> str:
+    """What a request's `model` is: SERVED (a base model's name, or none given), ADAPTER (a
+    group lists it), UNKNOWN (no group lists it: the router's own 404), UNREAD (no group's list
+    could be read: the request passes on). A name no list has is looked up again after
+    `reread()` (lists read after the request came: an adapter loaded since, a group that just
+    came back; found by benchmarks/lora_churn.py: a restarted group, its list not read yet,
+    answered 404 for an adapter loaded nowhere yet)."""
+    if model is None or model in served:
+        return SERVED
+    if model not in known(states):
+        await reread()
+    if model in known(states):
+        return ADAPTER
+    return UNKNOWN if read_any(states) else UNREAD
 
 
 def known(states: Iterable) -> dict[str, str]:

@@ -217,16 +217,12 @@ def build_app(router: Router) -> FastAPI:
                 return not_woken(router.holder, router.engine, outcome)
         only, adapter = None, None
         states = router.picker.states.values()
-        if adapters.read_any(states):  # an adapter goes only where it is loaded
-            model, loras = adapters.model_of(body), adapters.known(states)
-            if (model is not None and model not in loras
-                    and model not in router.model_names()):
-                await router.prober.reread()  # lists read after this request came
-                loras = adapters.known(states)
-            if model in loras:
-                only, adapter = adapters.groups_for(model, states), model
-            elif model is not None and model not in router.model_names():
-                return unknown_model(model, [*router.model_names(), *loras])
+        model = adapters.model_of(body)
+        kind = await adapters.lookup(model, router.model_names(), states, router.prober.reread)
+        if kind == adapters.ADAPTER:  # an adapter goes only where it is loaded
+            only, adapter = adapters.groups_for(model, states), model
+        elif kind == adapters.UNKNOWN:
+            return unknown_model(model, [*router.model_names(), *adapters.known(states)])
         keys = (await router.kv.aware.keys_of(body) if router.kv is not None
                 else request_keys(router.affinity, body))
         return await router.proxy.forward(request, path, body, only=only, prefix=keys,

@@ -135,12 +135,8 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
                                   "BadRequestError")
         states = gw.picker.states.values()
         if model not in models:
-            loras = adapters.known(states)
-            if model not in loras:
-                await gw.prober.reread()  # lists read after this request came
-                loras = adapters.known(states)
-            if model not in loras:
-                return unknown_model(model, [*models, *loras])
+            if await adapters.lookup(model, models, states, gw.prober.reread) != adapters.ADAPTER:
+                return unknown_model(model, [*models, *adapters.known(states)])
             # A LoRA adapter: only the groups that have it loaded (adapters.py).
             only, adapter = adapters.groups_for(model, states), model
         else:
