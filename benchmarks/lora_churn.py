@@ -13,7 +13,10 @@ every group is Ready (else that step is skipped), one every 0.5-1.5 s. Prints a 
   answer);
 - every other failed request, by cause (a killed group's requests in flight fail; that is the
   kill, not an adapter);
-- apply -> Ready of the loads (from the adapters' status, sampled every 0.5 s).
+- apply -> Ready of the loads (from the adapters' status, sampled every 0.5 s);
+
+and, before the table, each burst of the first two (none 3 s apart) with the operations of the
+10 s before it and its first answer: where to look when they are not 0.
 
 The driver stops sending requests for an adapter before it deletes it (a user deleting an
 adapter has stopped using it); every other race is left in.
