@@ -8,11 +8,18 @@ is filled, so a member's update is one more GEMM and one in-place add:
 - one adapter whose rows are one run (`LoRABatch.slot` set, `rows` a slice): per shared input
   `h = x[rows] @ A_slot.T` (the slot's A of every member, [members * max_rank, in]); per member
   `y[rows] += h[:, member's columns] @ B_slot.T`. Base rows cost nothing.
-- any other step (several adapters, or one adapter's rows apart): the dense form over every
-  slot, `h = x @ A_all.T` ([tokens, members * slots * max_rank]), times a per-token 0/1 mask
-  [tokens, slots] built once per step (each token keeps its own slot's columns: the others add
-  exact zeros), then per member `y += h[:, member's columns] @ B_all.T`: the same GEMMs whatever
-  the number of adapters, no gather, scatter or Python loop per adapter, and no index tensor.
+- any other step (several adapters, or one adapter's rows apart), one of two forms, whichever
+  the manager's cost model (manager.segmented_pays) finds cheaper on the device:
+  - dense, over every slot: `h = x @ A_all.T` ([tokens, members * slots * max_rank]), times a
+    per-token 0/1 mask [tokens, slots] built once per step (each token keeps its own slot's
+    columns: the others add exact zeros), then per member `y += h[:, member's columns] @
+    B_all.T`: the same GEMMs whatever the number of adapters, no gather, scatter or Python loop
+    per adapter, and no index tensor; but `slots` times the FLOPs each token needs;
+  - segmented, per adapter of the step (`LoRABatch.runs`): its rows (a slice when they are one
+    run, else an index tensor: gathered, updated, written back) through its own slot's A and B,
+    the FLOPs each token needs, and a few ops per adapter. Where a host op costs little against
+    the GEMMs (a CPU, a model of Llama-8B's width) this is the cheaper; where launches dominate
+    (a GPU, a small model) the dense form is.
 
 As PEFT does for a half-precision model, the update is computed in float32 and added to the
 base output in float32 before it is rounded back (PEFT keeps adapter weights in float32:
@@ -73,6 +80,9 @@ class LoRABatch:
     rows: slice | None
     mask: torch.Tensor | None
     slots_used: tuple[int, ...]
+    # The segmented form (slot and mask None): per adapter of the step, (its slot, its rows: a
+    # slice of the packed tokens, or an int64 index tensor on the device).
+    runs: tuple[tuple[int, slice | torch.Tensor], ...] = ()
     # The last shared input's `x @ A.T` (after the mask): q/k/v (and gate/up) read the same
     # hidden states, so the first member computes it for all. Keyed by the SharedInput and the
     # input's storage, held meanwhile so it cannot be reused; in-place changes are not tracked
@@ -88,23 +98,29 @@ class LoRABatch:
 
     @property
     def dense(self) -> bool:
-        return self.slot is None
+        return self.mask is not None
 
-    def hidden(self, shared: SharedInput, x2: torch.Tensor) -> torch.Tensor:
+    def hidden(self, shared: SharedInput, x2: torch.Tensor):
+        """`x @ A.T` of the shared input: one tensor, or (segmented) one per run."""
         src = self._src
         if (shared is self._shared and src is not None and src.data_ptr() == x2.data_ptr()
                 and src.shape == x2.shape and src.stride() == x2.stride()):
             return self._h
-        xs = x2 if self.rows is None else x2[self.rows]
-        if xs.dtype != torch.float32:
-            xs = xs.float()
-        if self.slot is None:
-            h = torch.mm(xs, shared.a_all_t)
+        if self.runs:
+            h = [torch.mm(_float(x2[rows] if isinstance(rows, slice) else
+                                 x2.index_select(0, rows)), shared.a_slot_t[slot])
+                 for slot, rows in self.runs]
+        elif self.slot is None:
+            h = torch.mm(_float(x2), shared.a_all_t)
             h.view(-1, shared.members, shared.slots, shared.rank).mul_(self._mask4)
         else:
-            h = torch.mm(xs, shared.a_slot_t[self.slot])
+            h = torch.mm(_float(x2[self.rows]), shared.a_slot_t[self.slot])
         self._shared, self._src, self._h = shared, x2, h
         return h
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def dense_mask(row_slot: list[int], slots: int, device,
@@ -174,7 +190,18 @@ class LoRALinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         y2 = y.view(-1, self.out_features)
         h = batch.hidden(self.shared, x2)
-        if batch.slot is None:
+        if batch.runs:
+            for (slot, rows), hs in zip(batch.runs, h, strict=True):
+                if not self.ranks[slot]:
+                    continue
+                delta = torch.mm(hs[:, self._cols_one], self.b_t_slot[slot])
+                if isinstance(rows, slice):
+                    y2[rows].add_(delta)
+                elif y2.dtype == torch.float32:
+                    y2.index_add_(0, rows, delta)  # each row once: y + delta
+                else:  # added in float32, rounded once, as the other forms
+                    y2.index_copy_(0, rows, delta.add_(y2.index_select(0, rows)).to(y2.dtype))
+        elif batch.slot is None:
             y2.add_(torch.mm(h[:, self._cols_all], self.b_t))
         else:
             # in place: a bf16 y and a float32 delta add in float32, rounded once

@@ -22,6 +22,28 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
+# What one more host-side op of a step (a call into torch, its dispatch, a kernel launch) costs,
+# in FLOPs of the device's GEMM throughput, for segmented_pays: about 10 us against ~150 GFLOP/s
+# of float32 on this project's 2-core CPUs; about 10 us of launch against tens of TFLOP/s on a
+# GPU (benchmarks/README.md, LoRA adapters: where each form won).
+OP_FLOPS = {"cpu": 2e6}
+ACCELERATOR_OP_FLOPS = 5e8
+
+
+def segmented_pays(*, tokens: int, slots: int, runs: int, gathered: bool, rank: int,
+                   width: int, shared_inputs: int, layers: int, device_type: str) -> bool:
+    """Whether a mixed step's segmented form costs less than its dense form: the FLOPs it
+    saves (the dense form computes every slot for every token: `slots` times what each token
+    needs) against the host ops it adds (per run: the A GEMM, a cast and a gather per shared
+    input; the B GEMM and the write-back per layer). `width`: per token and rank column, the
+    multiply-adds of every wrapped layer (each shared input's in_features times its members,
+    plus every layer's out_features)."""
+    saved = 2 * tokens * (slots - 1) * rank * width
+    per_run = 3 * shared_inputs + 5 * layers if gathered else 2 * shared_inputs + 2 * layers
+    added = runs * per_run - (3 * shared_inputs + 2 * layers)
+    return saved > added * OP_FLOPS.get(device_type, ACCELERATOR_OP_FLOPS)
+
+
 # The projections LoRA is applied to, as transformers' models name them.
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -53,6 +75,12 @@ class LoRAManager:
         self.device = device
         self.layers = wrap_model(model, config.max_loras, config.max_lora_rank, device)
         self.targets = {n: (m.in_features, m.out_features) for n, m in self.layers.items()}
+        shared = {id(m.shared): m.shared for m in self.layers.values()}
+        self._shape = dict(  # for segmented_pays
+            width=sum(m.out_features for m in self.layers.values())
+            + sum(sh.a_all.shape[1] * sh.members for sh in shared.values()),
+            shared_inputs=len(shared), layers=len(self.layers), rank=config.max_lora_rank,
+            slots=config.max_loras, device_type=torch.device(device).type)
         self.host: OrderedDict[int, LoRAWeights] = OrderedDict()  # LRU: oldest first
         self.slots: list[int | None] = [None] * config.max_loras  # adapter id per slot
         self._slot_used = [0] * config.max_loras  # step number of the slot's last use
@@ -151,4 +179,35 @@ class LoRAManager:
                 return LoRABatch(used[0], slice(first, last), None, used)
         per_token = row_slot if offset == len(rows) else [
             s for s, n in zip(row_slot, lens, strict=True) for _ in range(n)]
+        spans = _spans(per_token, used)
+        gathered = any(len(sp) > 1 for sp in spans.values())
+        if segmented_pays(tokens=offset, runs=len(used), gathered=gathered, **self._shape):
+            return LoRABatch(None, None, None, used, runs=self._runs(spans, per_token, gathered))
         return LoRABatch(None, None, dense_mask(per_token, base, self.device, self._eye), used)
+
+    def _runs(self, spans: dict, per_token: list[int], gathered: bool) -> tuple:
+        """The segmented form's (slot, rows) per adapter: slices when every adapter's tokens are
+        one run; else index tensors, made on the host and copied to the device at once."""
+        if not gathered:
+            return tuple((slot, slice(*sp[0])) for slot, sp in spans.items())
+        order = sorted(range(len(per_token)), key=lambda i: (per_token[i] not in spans,
+                                                              per_token[i]))
+        counts = [sum(e - b for b, e in sp) for sp in spans.values()]
+        index = torch.tensor(order[:sum(counts)], dtype=torch.int64).to(self.device)
+        out, at = [], 0
+        for slot, n in zip(sorted(spans), counts, strict=True):
+            out.append((slot, index[at:at + n]))
+            at += n
+        return tuple(out)
+
+
+def _spans(per_token: list[int], used: tuple[int, ...]) -> dict[int, list[tuple[int, int]]]:
+    """Each used slot's runs of tokens, [start, end) in order; by slot, ascending."""
+    out: dict[int, list[tuple[int, int]]] = {s: [] for s in sorted(used)}
+    start = 0
+    for i in range(1, len(per_token) + 1):
+        if i == len(per_token) or per_token[i] != per_token[start]:
+            if per_token[start] in out:
+                out[per_token[start]].append((start, i))
+            start = i
+    return out
