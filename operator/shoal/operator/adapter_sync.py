@@ -363,8 +363,9 @@ class AdapterSync:
             else:
                 log.info("adapter %s unloaded from group %d of %s/%s", name, g, namespace,
                          engine)
-        if not errors:
-            await self._until_dropped(f"{namespace}/{engine}", name, frontends, want.api_key)
+        # also after a failed unload (a group that died comes back without it; the routers
+        # drop it when they read the others' lists: lora_churn found a kill during a delete)
+        await self._until_dropped(f"{namespace}/{engine}", name, frontends, want.api_key)
         return errors
 
     async def _until_dropped(self, engine: str, name: str, frontends: list[str],
