@@ -1,7 +1,9 @@
 """LoRALinear's forms (one adapter's run of rows; the dense form, every slot and a mask per
-token; the segmented form, each adapter's rows through its own slot) against the plain update `base(x) + scaling * (x @ A.T) @ B.T` of each row's adapter;
-sibling projections sharing one A GEMM; and what a step's LoRABatch costs to build: no index
-tensor per slot, the same few host ops whatever the number of adapters and runs."""
+token; the segmented form, each adapter's rows through its own slot) against the plain update
+`base(x) + scaling * (x @ A.T) @ B.T` of each row's adapter; sibling projections sharing one A
+GEMM; the choice between the dense and segmented forms; and what a step's LoRABatch costs to
+build: no index tensor per slot, the same few host ops whatever the number of adapters and
+runs."""
 
 from __future__ import annotations
 
@@ -303,9 +305,10 @@ def test_the_manager_takes_the_segmented_form_where_it_pays_and_it_equals_the_de
     model.self_attn = attn
     manager = LoRAManager(model, LoRAConfig(max_loras=8, max_lora_rank=RANK), "cpu")
     reqs = [LoRARequest(f"a{i}", i + 1, f"/nowhere/a{i}") for i in range(3)]
-    for i, req in enumerate(reqs):
+    for req in reqs:
         manager.host[req.lora_int_id] = LoRAWeights(req, {
-            "self_attn.q_proj": ModuleLoRA(torch.randn(RANK, 1024), torch.randn(1024, RANK), 2.0),
+            "self_attn.q_proj": ModuleLoRA(torch.randn(RANK, 1024), torch.randn(1024, RANK),
+                                           2.0),
             "self_attn.k_proj": ModuleLoRA(torch.randn(2, 1024), torch.randn(1024, 2), 0.5)})
     rows = [reqs[i % 3] if i % 4 else None for i in range(8)]
     batch = manager.batch(rows, [128] * 8)
