@@ -271,8 +271,7 @@ class AdapterSync:
                     continue  # deleted while this round ran: never loaded again
                 answer = await self._load(g, base, name, path, want.engine_key)
                 if answer.ok and self._unloaded_since(key, name, now):  # deleted meanwhile
-                    await self._http.post(base + lora.UNLOAD_PATH, {"lora_name": name},
-                                          READ_TIMEOUT_SECONDS * 5, want.engine_key)
+                    await self._unload_one(base, name, want.engine_key)
                     log.info("adapter %s unloaded again from group %d: deleted while it "
                              "loaded", name, g)
                     continue
@@ -334,6 +333,10 @@ class AdapterSync:
             out[name] = Probe(ok, message, on, now)
         return out
 
+    async def _unload_one(self, base: str, name: str, key: str | None) -> tuple[int, str]:
+        return await self._http.post(base + lora.UNLOAD_PATH, {"lora_name": name},
+                                     READ_TIMEOUT_SECONDS * 5, key)
+
     def _unloaded_since(self, key: tuple[str, str], name: str, since: float) -> bool:
         with self._lock:
             return self._unloaded.get((*key, name), float("-inf")) >= since
@@ -356,8 +359,7 @@ class AdapterSync:
             return []
         errors = []
         for g, base in want.groups.items():
-            status, text = await self._http.post(base + lora.UNLOAD_PATH, {"lora_name": name},
-                                                 READ_TIMEOUT_SECONDS * 5, want.engine_key)
+            status, text = await self._unload_one(base, name, want.engine_key)
             if status not in (200, 404):
                 errors.append(f"group {g}: {status or 'no answer'} {_message(text)}")
             else:

@@ -182,20 +182,19 @@ class LoRAManager:
         spans = _spans(per_token, used)
         gathered = any(len(sp) > 1 for sp in spans.values())
         if segmented_pays(tokens=offset, runs=len(used), gathered=gathered, **self._shape):
-            return LoRABatch(None, None, None, used, runs=self._runs(spans, per_token, gathered))
+            return LoRABatch(None, None, None, used, runs=self._runs(spans, gathered))
         return LoRABatch(None, None, dense_mask(per_token, base, self.device, self._eye), used)
 
-    def _runs(self, spans: dict, per_token: list[int], gathered: bool) -> tuple:
+    def _runs(self, spans: dict, gathered: bool) -> tuple:
         """The segmented form's (slot, rows) per adapter: slices when every adapter's tokens are
         one run; else index tensors, made on the host and copied to the device at once."""
         if not gathered:
             return tuple((slot, slice(*sp[0])) for slot, sp in spans.items())
-        order = sorted(range(len(per_token)), key=lambda i: (per_token[i] not in spans,
-                                                              per_token[i]))
-        counts = [sum(e - b for b, e in sp) for sp in spans.values()]
-        index = torch.tensor(order[:sum(counts)], dtype=torch.int64).to(self.device)
+        index = torch.tensor([i for sp in spans.values() for b, e in sp for i in range(b, e)],
+                             dtype=torch.int64).to(self.device)
         out, at = [], 0
-        for slot, n in zip(sorted(spans), counts, strict=True):
+        for slot, sp in spans.items():
+            n = sum(e - b for b, e in sp)
             out.append((slot, index[at:at + n]))
             at += n
         return tuple(out)
