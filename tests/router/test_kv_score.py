@@ -1,6 +1,6 @@
-"""kv-aware scoring (kv_score.py): hits within the load bound, misses to the least loaded,
-random ties, stale groups by load only; the prompt's token ids; the policy injected into the
-picker."""
+"""kv-aware scoring (kv_score.py): hits within the load bound, misses to the least loaded
+(within one request, fewest claims first), random ties, stale groups by load only; the
+prompt's token ids; the policy injected into the picker."""
 
 from __future__ import annotations
 
@@ -362,13 +362,42 @@ def test_a_miss_between_equally_loaded_groups_goes_to_the_one_holding_fewest_cla
     held = {K[0]: 5, K[1]: 0, K[2]: 5}.get
     assert {choose(states(0, 0, 0), {}, 100, random.Random(s), held=held).group.id
             for s in range(50)} == {1}
-    # Load first: only the least loaded compete on claims.
-    assert {choose(states(1, 0, 0), {}, 100, random.Random(s), held={K[0]: 0, K[1]: 9,
+    # Load first: only the groups at most one request above the least compete on claims.
+    assert {choose(states(2, 0, 0), {}, 100, random.Random(s), held={K[0]: 0, K[1]: 9,
                                                                    K[2]: 3}.get).group.id
             for s in range(50)} == {2}
+    # One request in flight is not load enough to home a new prefix elsewhere.
+    assert {choose(states(1, 0, 0), {}, 100, random.Random(s), held={K[0]: 0, K[1]: 9,
+                                                                   K[2]: 3}.get).group.id
+            for s in range(50)} == {0}
+    # Equal claims within the slack: the fewer requests.
+    assert {choose(states(1, 0, 1), {}, 100, random.Random(s), held=lambda k: 2).group.id
+            for s in range(50)} == {1}
     # Equal claims: at random among them.
     assert {choose(states(0, 0, 0), {}, 100, random.Random(s), held=lambda k: 2).group.id
             for s in range(50)} == {0, 1, 2}
+
+
+def test_misses_do_not_pile_onto_the_group_holding_fewest_claims():
+    """sglang #32983's shape: one group's index is empty (it just joined) and every request is
+    a new prefix. It takes misses only while at most one request busier than the least
+    loaded; then the others do, so no group gets more than two requests ahead."""
+    aware = KvAware(KvIndex(stale_after=10.0), None, rng=random.Random(5), clock=lambda: 100.0)
+    picker = GroupPicker(kv=aware, clock=lambda: 100.0)
+    picker.set_groups(G)
+    for g in (G[0], G[1]):  # groups 0 and 1 already home many prefixes; group 2 none
+        for i in range(20):
+            aware.claims.remember(claim_keys(list(range(10_000 * (g.id + 1) + 64 * i,
+                                                        10_000 * (g.id + 1) + 64 * i + 64))),
+                                  g.key, [g.key])
+    homes = Counter()
+    for i in range(30):  # unique prompts, none answered yet: every one stays in flight
+        chosen = picker.pick(prefix=list(range(100_000 + 64 * i, 100_000 + 64 * i + 64)))
+        picker.acquire(chosen)
+        homes[chosen.id] += 1
+        counts = sorted(picker.states[k].outstanding for k in K)
+        assert counts[-1] - counts[0] <= 2, (i, counts)
+    assert homes[2] <= 12 and homes[0] >= 9 and homes[1] >= 9, homes
 
 
 def test_new_tenants_at_idle_groups_are_homed_evenly():

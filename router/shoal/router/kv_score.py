@@ -21,12 +21,15 @@ beta = BETA (0.25): a full KV cache (preemption ahead) gives up a quarter of a p
 A miss (no candidate caches any of the prompt, or a prompt the router cannot tokenize exactly)
 goes to the group that this router last sent the prompt's longest claimed prefix
 (CLAIM_TOKENS-token blocks of its ids), if that group's outstanding requests exceed the least
-loaded's by at most B (affinity.PrefixAffinity's claims and bound); else to the candidate with
-the fewest requests(g), never to whichever has the smallest index; among equally loaded ones, to
-the one holding the fewest claims (the prefixes homed there: its working set), then at random.
-At low load every group is often idle, and placing new tenants at random left one group with 1
-tenant of 12 and another with 6 (41% hit rate against prefix-affinity's 50% at 4 req/s on
-2026-12-07): evenly homed tenants share the caches' capacity evenly. Claims are
+loaded's by at most B (affinity.PrefixAffinity's claims and bound); else to a least-loaded
+candidate, never to whichever has the smallest index. Least loaded, for a miss: requests(g) at
+most MISS_SLACK (1) above the least; among those, the one holding the fewest claims (the
+prefixes homed there: its working set), then the fewest requests(g), then at random. A new
+prefix is placed once and stays (its claim), so where it goes decides which cache holds it from
+then on: by load alone, placement followed whichever group was idle at that instant (one request
+apart at 8 req/s), and homed 5, 4 and 3 tenants of 12 (49% hit rate against the oracle's 57%,
+2026-12-07); at random among idle groups, 1 and 6. One request of slack cannot pile misses onto
+a group (sglang #32983): a group two requests busier than the least takes none (tested). Claims are
 made when a request is routed, before its events can arrive: a burst of one tenant's prompts
 stays together, and a tenant whose blocks were evicted everywhere goes back to its last group
 instead of scattering (measured: benchmarks/README.md, kv-routing).
@@ -64,6 +67,7 @@ MARGIN_CHARS = 256  # a piece's tail whose tokens are not trusted
 MAX_BLOCK_TOKENS = 64  # "cached to the end" allows a last partial block this long
 CLAIM_TOKENS = 16  # a claim covers whole blocks of this many token ids
 MAX_CLAIMS = 256  # claims cover at most the first 4,096 tokens
+MISS_SLACK = 1  # a miss's least-loaded candidates: at most this many requests above the least
 
 
 def claim_keys(ids: list[int]) -> list[int]:
@@ -95,8 +99,8 @@ def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Rando
     """The candidate (anything with `.group.key`, `.outstanding` and `.engine`, e.g. a picker
     GroupState) to route to; None only when there are no candidates. `home`: the candidate a
     miss goes to (the claim's owner within the load bound), None for the least loaded;
-    `held(key)`: the claims a group holds, which breaks a miss's tie between equally loaded
-    groups (None: at random)."""
+    `held(key)`: the claims a group holds, which places a miss among the least-loaded groups
+    (None: the fewest requests, then at random)."""
     if not candidates:
         return None
     loads = {s.group.key: load_of(s, now) for s in candidates}
@@ -107,11 +111,12 @@ def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Rando
     if not any(hits.values()):  # a miss: its claimed home, else the least loaded
         if home is not None:
             return home
-        pool = [s for s in candidates if loads[s.group.key][0] == least]
+        pool = [s for s in candidates if loads[s.group.key][0] <= least + MISS_SLACK]
         if held is not None and len(pool) > 1:
             fewest = min(held(s.group.key) for s in pool)
             pool = [s for s in pool if held(s.group.key) == fewest]
-        return rng.choice(pool)
+        low = min(loads[s.group.key][0] for s in pool)
+        return rng.choice([s for s in pool if loads[s.group.key][0] == low])
     ranks = {k: (score(hits[k], prompt_tokens, loads[k][1]), -loads[k][0]) for k in hits}
     best = max(ranks.values())
     return rng.choice([s for s in eligible if ranks[s.group.key] == best])
