@@ -87,6 +87,9 @@ def serve_app(app, host: str, port: int) -> int:
     """Run `app` under uvicorn until SIGTERM/SIGINT; the exit code."""
     import uvicorn
 
+    from shoal.router import allocator
+
+    logger.info("%s", allocator.bound())
     # One line per event: the HTTP client's per-request INFO lines are not events.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
