@@ -240,9 +240,10 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, args) -> float:
     return ttft
 
 
-async def open_loop(url: str, prompts: list[str], rate: float, args) -> tuple[list[float], float]:
+async def open_loop(url: str, prompts: list[str], rate: float, args,
+                    seed: int = 0) -> tuple[list[float], float]:
     """Send at Poisson arrivals of `rate`/s regardless of answers; TTFTs and the wall time."""
-    rnd = random.Random(7)
+    rnd = random.Random(7 + seed)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as c:
         start = time.perf_counter()
         tasks, t = [], 0.0
@@ -264,15 +265,18 @@ def snapshot(fleet: Fleet) -> dict[str, tuple[float, ...]]:
                 c.removed) for u, c in zip(fleet.urls, fleet.counters, strict=True)}
 
 
-def measure(args, policy: str, rate: float) -> dict:
+def measure(args, policy: str, rate: float, seed: int = 0) -> dict:
+    """One cell: fresh groups and router, the workload of `seed` (its tenants, order and
+    arrivals)."""
     with tempfile.TemporaryDirectory(prefix="kv-routing-") as tmp:
         fleet = Fleet(args, policy, Path(tmp))
         try:
             _, warm = workload(args, seed=99)
             asyncio.run(open_loop(fleet.url, [p for _, p in warm[:args.groups * 2]], rate, args))
             before = snapshot(fleet)
-            _, reqs = workload(args, seed=0)
-            ttfts, wall = asyncio.run(open_loop(fleet.url, [p for _, p in reqs], rate, args))
+            _, reqs = workload(args, seed=seed)
+            ttfts, wall = asyncio.run(open_loop(fleet.url, [p for _, p in reqs], rate, args,
+                                                seed))
             time.sleep(0.5)  # the last BlockRemoved batches
             after = snapshot(fleet)
         finally:
@@ -280,11 +284,25 @@ def measure(args, policy: str, rate: float) -> dict:
     d = {u: [a - b for a, b in zip(after[u], before[u], strict=True)] for u in after}
     hits, queries = sum(v[0] for v in d.values()), sum(v[1] for v in d.values())
     spread = [int(d[u][2]) for u in fleet.urls]
-    return {"policy": policy, "rate": rate, "hit": hits / queries if queries else float("nan"),
-            "ttft50": 1e3 * pct(ttfts, 50), "ttft90": 1e3 * pct(ttfts, 90),
+    return {"policy": policy, "rate": rate, "hits": hits, "queries": queries, "ttfts": ttfts,
             "tps": sum(v[3] for v in d.values()) / wall, "spread": spread,
-            "errors": sum(1 for x in ttfts if x != x),
             "evicted": int(sum(v[4] for v in d.values())), "kv_tokens": fleet.kv_tokens}
+
+
+def merge(runs: list[dict]) -> dict:
+    """The runs of one cell as one row: hits and queries, requests and evictions summed, TTFTs
+    pooled, tok/s averaged; `hit_runs`: each run's own hit rate."""
+    hits, queries = sum(r["hits"] for r in runs), sum(r["queries"] for r in runs)
+    ttfts = [x for r in runs for x in r["ttfts"]]
+    return {"policy": runs[0]["policy"], "rate": runs[0]["rate"],
+            "hit": hits / queries if queries else float("nan"),
+            "hit_runs": [r["hits"] / r["queries"] if r["queries"] else float("nan")
+                         for r in runs],
+            "ttft50": 1e3 * pct(ttfts, 50), "ttft90": 1e3 * pct(ttfts, 90),
+            "tps": sum(r["tps"] for r in runs) / len(runs),
+            "spread": [sum(col) for col in zip(*(r["spread"] for r in runs), strict=True)],
+            "errors": sum(1 for x in ttfts if x != x),
+            "evicted": sum(r["evicted"] for r in runs), "kv_tokens": runs[0]["kv_tokens"]}
 
 
 class HitSampler:
@@ -379,7 +397,7 @@ def ceiling(args) -> tuple[float, int]:
     return hit / total, sum(ctx_tokens)
 
 
-def oracle(args, capacity_blocks: int) -> float:
+def oracle(args, capacity_blocks: int, seed: int = 0) -> float:
     """The hit rate of a router that knows every cache exactly and at once: a simulation (no
     engine can be asked this), sequential in the workload's order. Each group is an LRU cache
     of `capacity_blocks` 16-token blocks keyed by their chained token ids, as the engine's
@@ -393,7 +411,7 @@ def oracle(args, capacity_blocks: int) -> float:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(MODELS / f"shoal-{args.model}" / "tokenizer.json"))
-    _, reqs = workload(args, seed=0)
+    _, reqs = workload(args, seed=seed)
     caches: list[OrderedDict] = [OrderedDict() for _ in range(args.groups)]
     hit = total = 0
     for t, prompt in reqs:
@@ -440,6 +458,8 @@ def main() -> None:
     ap.add_argument("--imbalance", type=int, default=4, help="prefix-affinity's bound")
     ap.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per cell, workload seeds 0.. "
+                    "(other tenants, order and arrivals each); a row sums them")
     ap.add_argument("--router-restart", action="store_true", help="instead of the table: "
                     "kv-aware at each rate with its router SIGKILLed and restarted halfway")
     args = ap.parse_args()
@@ -463,24 +483,34 @@ def main() -> None:
           f"{args.turns} questions = {n} requests, contexts of {args.context_chars} chars "
           f"({ctx_tokens} tokens in all), {args.max_tokens} output tokens, open loop",
           flush=True)
-    rows = []
+    if args.repeats > 1:
+        print(f"# {args.repeats} runs per cell (workload seeds 0-{args.repeats - 1}), in turn "
+              "across the policies; a row sums them (TTFTs pooled)", flush=True)
+    runs: dict[tuple[float, str], list[dict]] = {}
     for rate in args.rates:
-        for policy in args.policies:
-            rows.append(measure(args, policy, rate))
-            r = rows[-1]
-            print(f"# {policy} at {rate}/s: hit {100 * r['hit']:.1f}%, spread {r['spread']}",
-                  file=sys.stderr, flush=True)
-    print("\n| rate (req/s) | policy | prefix-cache hit rate | TTFT p50 (ms) | TTFT p90 (ms) | "
-          "output tok/s | requests per group | max/min | blocks evicted | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+        for seed in range(args.repeats):  # in turn, so a slow minute hits every policy
+            for policy in args.policies:
+                r = measure(args, policy, rate, seed)
+                runs.setdefault((rate, policy), []).append(r)
+                print(f"# {policy} at {rate}/s, seed {seed}: hit "
+                      f"{100 * r['hits'] / max(1, r['queries']):.1f}%, spread {r['spread']}",
+                      file=sys.stderr, flush=True)
+    rows = [merge(v) for v in runs.values()]
+    print("\n| rate (req/s) | policy | prefix-cache hit rate | each run | TTFT p50 (ms) | "
+          "TTFT p90 (ms) | output tok/s | requests per group | max/min | blocks evicted | "
+          "errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = min(r["spread"]), max(r["spread"])
         ratio = f"{hi / lo:.2f}" if lo else "inf"
-        print(f"| {r['rate']:g} | {r['policy']} | {100 * r['hit']:.1f}% | {r['ttft50']:.0f} | "
-              f"{r['ttft90']:.0f} | {r['tps']:.1f} | {' / '.join(map(str, r['spread']))} | "
-              f"{ratio} | {r['evicted']} | {r['errors']} |")
+        each = " / ".join(f"{100 * h:.1f}" for h in r["hit_runs"])
+        print(f"| {r['rate']:g} | {r['policy']} | {100 * r['hit']:.1f}% | {each} | "
+              f"{r['ttft50']:.0f} | {r['ttft90']:.0f} | {r['tps']:.1f} | "
+              f"{' / '.join(map(str, r['spread']))} | {ratio} | {r['evicted']} | "
+              f"{r['errors']} |")
     cap = rows[0]["kv_tokens"]
-    best = oracle(args, cap // args.groups // 16)
+    best = sum(oracle(args, cap // args.groups // 16, seed)
+               for seed in range(args.repeats)) / args.repeats
     print(f"\nThe contexts' {ctx_tokens} tokens are {ctx_tokens / cap:.2f}x the {cap} tokens the "
           f"groups' KV caches hold together (their vllm:cache_config_info). Oracle (simulated: "
           f"exact caches, no event lag, each tenant homed): {100 * best:.1f}%; ceiling (one "
