@@ -31,7 +31,9 @@ tenant's first reuses its context's full blocks.
 It prints the machine's CPU flags and one table (benchmarks/README.md has the figures).
 `--router-restart` instead SIGKILLs kv-aware's router halfway through the workload and starts it
 again: seconds until it serves, until its index holds the engines' blocks again (replay
-snapshots), and the hit rate before the kill, in the first 2 s after and later.
+snapshots), and the hit rate before the kill, in the first 2 s after and later, beside the
+same windows of the same run (seed) left undisturbed: the hit rate a restart is measured against.
+`--repeats N` runs each cell (or restart) on N workload seeds.
 """
 
 from __future__ import annotations
@@ -338,31 +340,32 @@ class HitSampler:
         self._thread.join(5)
 
 
-def router_restart(args, rate: float) -> dict:
+def router_restart(args, rate: float, seed: int = 0, kill: bool = True) -> dict:
     """kv-aware, with the router SIGKILLed and restarted halfway through the workload: how long
     until it serves, until its index holds what the engines hold (their replay snapshots), and
-    the hit rate before the kill, in the first 2 s after the restart and later."""
+    the hit rate before the kill, in the first 2 s after the restart and later. `kill` False:
+    the same run undisturbed, its windows taken at the same point (the control)."""
     with tempfile.TemporaryDirectory(prefix="kv-routing-") as tmp:
         fleet = Fleet(args, "kv-aware", Path(tmp))
         sampler = None
         try:
             _, warm = workload(args, seed=99)
             asyncio.run(open_loop(fleet.url, [p for _, p in warm[:args.groups * 2]], rate, args))
-            _, reqs = workload(args, seed=0)
+            _, reqs = workload(args, seed=seed)
             prompts = [p for _, p in reqs]
             half = len(prompts) // 2
             sampler = HitSampler(fleet.urls)
             t_start = time.perf_counter()
-            asyncio.run(open_loop(fleet.url, prompts[:half], rate, args))
+            asyncio.run(open_loop(fleet.url, prompts[:half], rate, args, seed))
             t_kill = time.perf_counter()
             held = sum(c.stored - c.removed for c in fleet.counters)
-            up_s = fleet.restart_router()
+            up_s = fleet.restart_router() if kill else 0.0
             t_up = time.perf_counter()
             second = threading.Thread(target=lambda: asyncio.run(
-                open_loop(fleet.url, prompts[half:], rate, args)))
+                open_loop(fleet.url, prompts[half:], rate, args, seed + 1000)))
             second.start()
             index_s = float("nan")
-            while time.perf_counter() - t_up < 30:
+            while kill and time.perf_counter() - t_up < 30:
                 if metric_sum(fleet.url, "shoal_router_kv_index_blocks") >= held:
                     index_s = time.perf_counter() - t_up
                     break
@@ -465,14 +468,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.router_restart:
         print(cpu_flags())
-        print("\n| rate (req/s) | blocks the engines held | router serving again (s) | index "
-              "whole again (s) | hit rate before the kill | first 2 s after | after that |")
-        print("|---|---|---|---|---|---|---|")
+        print("\n| rate (req/s) | seed | blocks the engines held | router serving again (s) | "
+              "index whole again (s) | hit rate before the kill | first 2 s after | after that "
+              "| undisturbed run: first 2 s | after that |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for rate in args.rates:
-            r = router_restart(args, rate)
-            print(f"| {rate:g} | {r['held']} | {r['up_s']:.2f} | {r['index_s']:.2f} | "
-                  f"{100 * r['before']:.1f}% | {100 * r['first2']:.1f}% | "
-                  f"{100 * r['after']:.1f}% |", flush=True)
+            for seed in range(args.repeats):
+                r = router_restart(args, rate, seed)
+                c = router_restart(args, rate, seed, kill=False)
+                print(f"| {rate:g} | {seed} | {r['held']} | {r['up_s']:.2f} | "
+                      f"{r['index_s']:.2f} | {100 * r['before']:.1f}% | "
+                      f"{100 * r['first2']:.1f}% | {100 * r['after']:.1f}% | "
+                      f"{100 * c['first2']:.1f}% | {100 * c['after']:.1f}% |", flush=True)
         return
     ensure_peer_routers()
     print(cpu_flags())
