@@ -192,3 +192,28 @@ def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round
         ("http://g0" + lora.UNLOAD_PATH, "sql"),  # what that load left, unloaded again
     ]  # no load on group 1 and no probe through the Service after the delete
     assert "sql" not in view.probes and not view.has(0, "sql")
+
+
+def test_a_load_in_flight_across_a_delete_and_a_new_create_is_kept_for_the_new_adapter():
+    """Deleted and made again (same source) while a round's load of it ran: the load is the new
+    adapter's; unloading it again took it from under requests (lora_churn, 1,000 operations)."""
+    engines = _Engines()
+    sync = AdapterSync(on_change=lambda key: None, http=engines)
+    want = Want(groups={0: "http://g0", 1: "http://g1"}, adapters={"sql": "/a/sql"},
+                service="http://svc")
+    sync.follow(*KEY, want)
+
+    async def scenario():
+        round_ = asyncio.ensure_future(sync.sync_once(KEY, want))
+        await engines.loading.wait()
+        assert await sync.unload(*KEY, "sql") == []
+        sync.follow(*KEY, want)  # made again under its name, from the same source
+        engines.release.set()
+        return await round_
+
+    view = asyncio.run(scenario())
+    assert engines.calls == [
+        ("http://g0" + lora.LOAD_PATH, "sql"),
+        ("http://g0" + lora.UNLOAD_PATH, "sql"), ("http://g1" + lora.UNLOAD_PATH, "sql"),
+    ]  # the load that returned after the new create is kept: no third unload
+    assert view.has(0, "sql") and "sql" not in view.probes  # proven by the next round

@@ -270,7 +270,8 @@ class AdapterSync:
                 if self._unloaded_since(key, name, now):
                     continue  # deleted while this round ran: never loaded again
                 answer = await self._load(g, base, name, path, want.engine_key)
-                if answer.ok and self._unloaded_since(key, name, now):  # deleted meanwhile
+                if answer.ok and self._unloaded_since(key, name, now) and \
+                        not self._wanted_now(key, name, path):  # deleted meanwhile
                     await self._unload_one(base, name, want.engine_key)
                     log.info("adapter %s unloaded again from group %d: deleted while it "
                              "loaded", name, g)
@@ -336,6 +337,14 @@ class AdapterSync:
     async def _unload_one(self, base: str, name: str, key: str | None) -> tuple[int, str]:
         return await self._http.post(base + lora.UNLOAD_PATH, {"lora_name": name},
                                      READ_TIMEOUT_SECONDS * 5, key)
+
+    def _wanted_now(self, key: tuple[str, str], name: str, path: str) -> bool:
+        """Whether `name` from `path` is wanted again (deleted and made again while a load of
+        it ran: that load is the new adapter's, and unloading it would take it from under the
+        requests its creation let in; found by benchmarks/lora_churn.py)."""
+        with self._lock:
+            want = self._wants.get(key)
+        return want is not None and want.adapters.get(name) == path
 
     def _unloaded_since(self, key: tuple[str, str], name: str, since: float) -> bool:
         with self._lock:

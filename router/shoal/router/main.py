@@ -86,7 +86,6 @@ def kv_routing(routing: str, args):
 def serve_app(app, host: str, port: int) -> int:
     """Run `app` under uvicorn until SIGTERM/SIGINT; the exit code."""
     import uvicorn
-
     from shoal.router import allocator
 
     logger.info("%s", allocator.bound())
