@@ -98,7 +98,8 @@ def test_vllms_batches_decode_field_by_field(vllm_frames):
 class Publisher:
     """A PUB and a replay ROUTER that answer as vLLM's ZmqEventPublisher does
     (_service_replay: (id, b"", topic, seq, payload) per buffered batch from the start, then
-    (id, b"", b"", -1, b""))."""
+    (id, b"", b"", -1, b"")). Its buffer holds the batches up to the last one `send` was given
+    (a batch skipped on the live stream was published and lost on the way: it is buffered)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, payloads: list[bytes]) -> None:
         self.payloads = payloads
@@ -109,16 +110,18 @@ class Publisher:
         self.endpoints = Endpoints(self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
                                    self.router.getsockopt_string(zmq.LAST_ENDPOINT))
         self.replay_requests: list[int] = []
+        self.published = 0
 
     async def send(self, seq: int) -> None:
+        self.published = max(self.published, seq + 1)
         await self.pub.send_multipart((b"", seq.to_bytes(8, "big"), self.payloads[seq]))
 
-    async def serve_replay(self, upto: int) -> None:
+    async def serve_replay(self) -> None:
         while True:
             client, empty, start = await self.router.recv_multipart()
             start = int.from_bytes(start, "big")
             self.replay_requests.append(start)
-            for seq in range(start, upto):
+            for seq in range(start, self.published):
                 await self.router.send_multipart(
                     (client, b"", b"", seq.to_bytes(8, "big"), self.payloads[seq]))
             await self.router.send_multipart((client, b"", b"", END, b""))
@@ -147,11 +150,12 @@ async def test_a_dropped_batch_is_replayed_and_the_index_is_complete(vllm_frames
     ctx = zmq.asyncio.Context()
     payloads = vllm_frames["stream"]
     publisher = Publisher(ctx, payloads)
-    replay = asyncio.ensure_future(publisher.serve_replay(len(payloads)))
+    replay = asyncio.ensure_future(publisher.serve_replay())
     index = KvIndex()
     sub, running = await _following(index, publisher.endpoints)
     key = ("", 0)
     try:
+        await _until(lambda: publisher.replay_requests == [0], "the subscription's first ask")
         # ZMQ's slow joiner: repeat batch 0 until the subscription has it (repeats are
         # duplicates, skipped by sequence number).
         async def first():
@@ -162,11 +166,11 @@ async def test_a_dropped_batch_is_replayed_and_the_index_is_complete(vllm_frames
         for seq in (1, 2, 4, 5):  # 3 is dropped
             await publisher.send(seq)
         await _until(lambda: index.longest_prefix(V) == {key: 8}, "the last batch")
-        assert publisher.replay_requests == [3]
+        assert publisher.replay_requests == [0, 3]  # everything kept, at start; then the gap
         assert index.longest_prefix(T + [1]) == {key: 16}
         assert index.longest_prefix(U) == {}  # the replayed removal was applied, in order
         st = index.stats(0)
-        assert (st.gaps, st.unrepaired_gaps, sub.replays, sub.decode_errors) == (1, 0, 1, 0)
+        assert (st.gaps, st.unrepaired_gaps, sub.replays, sub.decode_errors) == (1, 0, 2, 0)
         assert "KV events 3..3 missed; replaying" in caplog.text
     finally:
         running.cancel()
@@ -247,5 +251,34 @@ async def test_a_publisher_that_goes_away_makes_its_group_stale_until_it_is_back
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+        publisher.close()
+        ctx.destroy(linger=0)
+
+
+async def test_a_new_subscription_learns_an_idle_groups_cache_without_waiting_for_an_event(
+        vllm_frames, caplog):
+    """A router (re)started while a group is idle: the group's blocks come from its replay at
+    once, not with its next batch (kv_routing.py --router-restart: the first 2 s after a
+    restart were all misses at 4 req/s)."""
+    caplog.set_level(logging.INFO, "shoal.router.kv")
+    ctx = zmq.asyncio.Context()
+    publisher = Publisher(ctx, vllm_frames["stream"])
+    publisher.published = 3  # batches 0-2 published before this router existed; none since
+    replay = asyncio.ensure_future(publisher.serve_replay())
+    index = KvIndex()
+    sub, running = await _following(index, publisher.endpoints)
+    key = ("", 0)
+    try:
+        await _until(lambda: index.longest_prefix(T + [1]) == {key: 12}, "the replayed cache")
+        assert index.longest_prefix(U) == {key: 4}
+        assert publisher.replay_requests == [0] and index.last_seq(key) == 2
+        assert "asking" in caplog.text and "for the KV events it keeps" in caplog.text
+        await publisher.send(3)  # the live stream goes on from there, in order
+        await _until(lambda: index.last_seq(key) == 3, "the next live batch")
+        assert index.stats(0).gaps == 0 and publisher.replay_requests == [0]
+    finally:
+        running.cancel()
+        replay.cancel()
+        await asyncio.gather(running, replay, return_exceptions=True)
         publisher.close()
         ctx.destroy(linger=0)

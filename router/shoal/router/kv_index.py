@@ -355,6 +355,11 @@ class KvIndex:
                    if g.last_batch_at is not None},
             stale=tuple(sorted(self.stale, key=repr)), snapshots=self.snapshots)
 
+    def last_seq(self, group: GroupKey) -> int | None:
+        """The sequence number of the group's last applied batch; None before its first."""
+        g = self._groups.get(group)
+        return None if g is None else g.last_seq
+
     def blocks_of(self, group: GroupKey) -> int:
         g = self._groups.get(group)
         return 0 if g is None else g.blocks

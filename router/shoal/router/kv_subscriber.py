@@ -2,8 +2,11 @@
 the index (kv_index.py).
 
 One asyncio task per group: a SUB socket on the group's event endpoint; each batch goes to
-`KvIndex.apply`. On a gap (a sequence number skipped, the router's first batch of a group not
-being 0, or a restarted engine) it asks the group's replay endpoint, as vLLM's protocol has it:
+`KvIndex.apply`. A new subscription first asks the replay endpoint for everything it keeps
+(from sequence 0: a snapshot where the buffer no longer reaches back), so the index holds the
+group's cache before its next event. On a gap (a sequence number skipped, the router's first
+batch of a group not being 0, or a restarted engine) it asks the group's replay endpoint, as
+vLLM's protocol has it:
 a DEALER sends (b"", start seq as 8 bytes); the ROUTER answers (b"", topic, seq, payload) per
 buffered batch from `start`, then (b"", b"", -1, b""). What the replay cannot cover (no replay
 endpoint, no answer within REPLAY_TIMEOUT_S, the buffer moved past it) clears that group
@@ -152,6 +155,8 @@ class KvSubscriber:
                 sub.connect(ep.events)
                 logger.info("%s: following KV events at %s (replay %s)", group.name, ep.events,
                             ep.replay or "none")
+                if ep.replay is not None and self.index.last_seq(key) is None:
+                    await self._replay(group, key, ep, 0, None)  # the cache as it is now
                 while True:
                     frames = await sub.recv_multipart()
                     await self._offer(group, key, ep, frames)
@@ -194,15 +199,21 @@ class KvSubscriber:
                 self.index.accept_gap(key, seq)
                 self.index.apply(key, seq, batch, self.clock())
 
-    async def _replay(self, group, key, ep: Endpoints, start: int, upto: int) -> None:
-        """Ask for batches from `start`, applying them in order, until the end marker."""
+    async def _replay(self, group, key, ep: Endpoints, start: int, upto: int | None) -> None:
+        """Ask for batches from `start`, applying them in order, until the end marker. `upto`
+        None: the group's first batches, asked as soon as the subscription starts (a router
+        that (re)starts learns each group's cache at once, not at the group's next event: at
+        4 req/s the index was whole only 1 s after a restart, and the first 2 s were misses)."""
         if ep.replay is None:
             logger.warning("%s: KV events %d..%d missed and no replay endpoint: clearing its "
                            "index entries", group.name, start, upto - 1)
             return
         self.replays += 1
-        logger.info("%s: KV events %d..%d missed; replaying from %s", group.name, start,
-                    upto - 1, ep.replay)
+        if upto is None:
+            logger.info("%s: asking %s for the KV events it keeps", group.name, ep.replay)
+        else:
+            logger.info("%s: KV events %d..%d missed; replaying from %s", group.name, start,
+                        upto - 1, ep.replay)
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(ep.replay)
