@@ -171,7 +171,10 @@ class _Engines:
         return 200, "{}"
 
 
-def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round():
+def _round_across_a_delete(made_again: bool):
+    """A sync round whose load on group 0 is in flight when the adapter is deleted (and, if
+    `made_again`, created again from the same source) before that load returns: the calls the
+    engines saw and the round's view."""
     engines = _Engines()
     sync = AdapterSync(on_change=lambda key: None, http=engines)
     want = Want(groups={0: "http://g0", 1: "http://g1"}, adapters={"sql": "/a/sql"},
@@ -182,11 +185,18 @@ def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round
         round_ = asyncio.ensure_future(sync.sync_once(KEY, want))
         await engines.loading.wait()  # group 0's load is in flight
         assert await sync.unload(*KEY, "sql") == []
+        if made_again:
+            sync.follow(*KEY, want)  # made again under its name, from the same source
         engines.release.set()
         return await round_
 
     view = asyncio.run(scenario())
-    assert engines.calls == [
+    return engines.calls, view
+
+
+def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round():
+    calls, view = _round_across_a_delete(made_again=False)
+    assert calls == [
         ("http://g0" + lora.LOAD_PATH, "sql"),  # in flight when the delete came
         ("http://g0" + lora.UNLOAD_PATH, "sql"), ("http://g1" + lora.UNLOAD_PATH, "sql"),
         ("http://g0" + lora.UNLOAD_PATH, "sql"),  # what that load left, unloaded again
@@ -197,22 +207,8 @@ def test_an_adapter_deleted_during_a_round_is_not_loaded_or_probed_by_that_round
 def test_a_load_in_flight_across_a_delete_and_a_new_create_is_kept_for_the_new_adapter():
     """Deleted and made again (same source) while a round's load of it ran: the load is the new
     adapter's; unloading it again took it from under requests (lora_churn, 1,000 operations)."""
-    engines = _Engines()
-    sync = AdapterSync(on_change=lambda key: None, http=engines)
-    want = Want(groups={0: "http://g0", 1: "http://g1"}, adapters={"sql": "/a/sql"},
-                service="http://svc")
-    sync.follow(*KEY, want)
-
-    async def scenario():
-        round_ = asyncio.ensure_future(sync.sync_once(KEY, want))
-        await engines.loading.wait()
-        assert await sync.unload(*KEY, "sql") == []
-        sync.follow(*KEY, want)  # made again under its name, from the same source
-        engines.release.set()
-        return await round_
-
-    view = asyncio.run(scenario())
-    assert engines.calls == [
+    calls, view = _round_across_a_delete(made_again=True)
+    assert calls == [
         ("http://g0" + lora.LOAD_PATH, "sql"),
         ("http://g0" + lora.UNLOAD_PATH, "sql"), ("http://g1" + lora.UNLOAD_PATH, "sql"),
     ]  # the load that returned after the new create is kept: no third unload

@@ -139,6 +139,14 @@ async def _until(check, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _stop(ctx, publisher: Publisher, *tasks) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    publisher.close()
+    ctx.destroy(linger=0)
+
+
 async def _following(index: KvIndex, endpoints: Endpoints):
     sub = KvSubscriber(index, lambda g: endpoints)
     sub.set_groups([Group(0, "http://127.0.0.1:1")])
@@ -173,11 +181,7 @@ async def test_a_dropped_batch_is_replayed_and_the_index_is_complete(vllm_frames
         assert (st.gaps, st.unrepaired_gaps, sub.replays, sub.decode_errors) == (1, 0, 2, 0)
         assert "KV events 3..3 missed; replaying" in caplog.text
     finally:
-        running.cancel()
-        replay.cancel()
-        await asyncio.gather(running, replay, return_exceptions=True)
-        publisher.close()
-        ctx.destroy(linger=0)
+        await _stop(ctx, publisher, running, replay)
 
 
 async def test_without_a_replay_the_group_is_cleared_not_trusted(vllm_frames, caplog):
@@ -277,8 +281,4 @@ async def test_a_new_subscription_learns_an_idle_groups_cache_without_waiting_fo
         await _until(lambda: index.last_seq(key) == 3, "the next live batch")
         assert index.stats(0).gaps == 0 and publisher.replay_requests == [0]
     finally:
-        running.cancel()
-        replay.cancel()
-        await asyncio.gather(running, replay, return_exceptions=True)
-        publisher.close()
-        ctx.destroy(linger=0)
+        await _stop(ctx, publisher, running, replay)
