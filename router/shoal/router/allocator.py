@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 
 logger = logging.getLogger("shoal.router")
 
@@ -55,10 +56,10 @@ def bound(trim_every: float = TRIM_EVERY_S) -> str:
         return f"allocator: glibc {version} refused mallopt, left as it is"
 
     def trim() -> None:
-        while not stop.wait(trim_every):
+        while True:
+            time.sleep(trim_every)
             libc.malloc_trim(0)
 
-    stop = threading.Event()
     threading.Thread(target=trim, name="malloc-trim", daemon=True).start()
     return (f"allocator: glibc {version}, {ARENAS} arenas, blocks of {MMAP_THRESHOLD // 1024} KiB "
             f"and more mapped on their own, trimmed every {trim_every:g} s")
