@@ -21,8 +21,10 @@ generate (base only and 8 adapters): time per step, device-kernel time per step,
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -216,6 +218,7 @@ def main() -> None:
     path = model_path(args.model)
     made = time.perf_counter() - t0
     d = Path(tempfile.mkdtemp(prefix="shoal-lora-bench-"))
+    atexit.register(shutil.rmtree, d, True)  # the adapters: 300+ MiB a run
     t0 = time.perf_counter()
     paths = lora_peft.make_adapters(path, [(d / f"a{i}", 100 + i) for i in range(ADAPTERS)],
                                     r=RANK)

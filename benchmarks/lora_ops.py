@@ -20,7 +20,9 @@ per wrapped projection.
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +74,7 @@ def main() -> None:
     torch.set_num_threads(2)
     path = model_path(args.model)
     d = Path(tempfile.mkdtemp(prefix="shoal-lora-ops-"))
+    atexit.register(shutil.rmtree, d, True)  # the adapters: 300+ MiB a run
     paths = lora_peft.make_adapters(path, [(d / f"a{i}", 100 + i) for i in range(ADAPTERS)],
                                     r=RANK)
     llm = LLM(path, dtype=args.dtype, device="cpu", enable_lora=True, max_loras=ADAPTERS,
