@@ -507,11 +507,13 @@ def main() -> None:
           flush=True)
     if args.repeats > 1:
         print(f"# {args.repeats} runs per cell (workload seeds 0-{args.repeats - 1}), in turn "
-              "across the policies; a row sums them (TTFTs pooled)", flush=True)
+              "across the policies (each seed starting with the next); a row sums them (TTFTs "
+              "pooled)", flush=True)
     runs: dict[tuple[float, str], list[dict]] = {}
     for rate in args.rates:
-        for seed in range(args.repeats):  # in turn, so a slow minute hits every policy
-            for policy in args.policies:
+        for seed in range(args.repeats):  # in turn, so a slow minute hits every policy,
+            k = seed % len(args.policies)  # each seed starting with the next one
+            for policy in args.policies[k:] + args.policies[:k]:
                 r = measure(args, policy, rate, seed)
                 runs.setdefault((rate, policy), []).append(r)
                 print(f"# {policy} at {rate}/s, seed {seed}: hit "

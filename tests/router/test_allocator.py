@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # a fresh child process
+
 ROUTER = Path(__file__).resolve().parents[2] / "router"
 
 PROBE = textwrap.dedent("""

@@ -68,6 +68,7 @@ MAX_BLOCK_TOKENS = 64  # "cached to the end" allows a last partial block this lo
 CLAIM_TOKENS = 16  # a claim covers whole blocks of this many token ids
 MAX_CLAIMS = 256  # claims cover at most the first 4,096 tokens
 MISS_SLACK = 1  # a miss's least-loaded candidates: at most this many requests above the least
+WORD_CACHE = 1000  # words the tokenizer model keeps split (`tokenizers`' default: 10,000)
 
 
 def claim_keys(ids: list[int]) -> list[int]:
@@ -253,6 +254,7 @@ class PromptTokenizer:
             raise ValueError("kv-aware routing needs the model's tokenizer.json: "
                              f"{root / 'tokenizer.json'} is not a file")
         self._tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+        bound_word_cache(self._tok)
         config: dict = {}
         for name in ("special_tokens_map.json", "tokenizer_config.json"):
             if (root / name).is_file():
@@ -294,6 +296,19 @@ class PromptTokenizer:
                 "bos_token": self.bos_token, "eos_token": self.eos_token, "tools": None})
         except Exception:  # noqa: BLE001 - the engine answers it (a 400); routing by load
             return None
+
+
+def bound_word_cache(tok) -> None:
+    """Cap the word cache of a `tokenizers` model (BPE, Unigram) at WORD_CACHE words. It keeps
+    every new word's pieces, never evicting, until it holds 10,000: unique prompts (serial
+    numbers, ids, random text) fill it, and the gateway's RSS rose for the first 18 minutes of
+    benchmarks/router_overhead.py (a loop of the gateway's kv-aware work: +13 MiB over 16,000
+    unique 100-220 KB prompts with the default, +0.2 MiB capped; benchmarks/README.md). The
+    first WORD_CACHE words seen stay cached, which holds a language's common words. A model
+    without the (underscored) resize method keeps its own."""
+    resize = getattr(tok.model, "_resize_cache", None)
+    if resize is not None:
+        resize(WORD_CACHE)
 
 
 def _raise(message):
