@@ -125,7 +125,7 @@ class Fleet:
                    "--port", str(port), "--served-model-name", MODEL,
                    "--kv-cache-memory-bytes", args.kv, "--num-threads", str(args.threads),
                    "--max-model-len", str(args.max_model_len),
-                   "--kv-events-config", json.dumps(cfg)]
+                   "--kv-events-config", json.dumps(cfg), "--enable-prompt-tokens-details"]
             self.procs.append(subprocess.Popen(cmd, start_new_session=True,
                                                stdout=subprocess.DEVNULL,
                                                stderr=open(tmp / f"serve-{port}.log", "w")))
@@ -224,29 +224,36 @@ def workload(args, seed: int) -> tuple[list[str], list[tuple[int, str]]]:
     return contexts, requests
 
 
-async def one(client: httpx.AsyncClient, url: str, prompt: str, args) -> float:
-    """TTFT of one streamed completion (NaN if it failed)."""
+async def one(client: httpx.AsyncClient, url: str, prompt: str, args) -> tuple[float, float]:
+    """TTFT of one streamed completion and the share of its prompt the engine served from its
+    prefix cache (its usage.prompt_tokens_details, --enable-prompt-tokens-details); NaN for
+    what a failed request did not say."""
     start = time.perf_counter()
     body = {"model": MODEL, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0}
-    ttft = float("nan")
+            "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+    ttft = cached = float("nan")
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
             if r.status_code != 200:
                 print(f"# HTTP {r.status_code}: {(await r.aread())[:300]!r}", file=sys.stderr)
-                return ttft
+                return ttft, cached
             async for line in r.aiter_lines():
                 if ttft != ttft and line.startswith("data: {") and '"text":""' not in \
                         line.replace(" ", ""):
                     ttft = time.perf_counter() - start
+                if line.startswith("data: {") and '"prompt_tokens_details"' in line:
+                    usage = json.loads(line[6:])["usage"]
+                    cached = (usage["prompt_tokens_details"]["cached_tokens"]
+                              / max(1, usage["prompt_tokens"]))
     except httpx.HTTPError as exc:
         print(f"# {type(exc).__name__}: {exc}", file=sys.stderr)
-    return ttft
+    return ttft, cached
 
 
 async def open_loop(url: str, prompts: list[str], rate: float, args,
-                    seed: int = 0) -> tuple[list[float], float]:
-    """Send at Poisson arrivals of `rate`/s regardless of answers; TTFTs and the wall time."""
+                    seed: int = 0) -> tuple[list[tuple[float, float]], float]:
+    """Send at Poisson arrivals of `rate`/s regardless of answers; each request's (TTFT,
+    cached share) and the wall time."""
     rnd = random.Random(7 + seed)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as c:
         start = time.perf_counter()
@@ -257,8 +264,8 @@ async def open_loop(url: str, prompts: list[str], rate: float, args,
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(c, url, p, args)))
             t += rnd.expovariate(rate)
-        ttfts = await asyncio.gather(*tasks)
-    return list(ttfts), time.perf_counter() - start
+        answers = await asyncio.gather(*tasks)
+    return list(answers), time.perf_counter() - start
 
 
 def snapshot(fleet: Fleet) -> dict[str, tuple[float, ...]]:
@@ -279,8 +286,8 @@ def measure(args, policy: str, rate: float, seed: int = 0) -> dict:
             asyncio.run(open_loop(fleet.url, [p for _, p in warm[:args.groups * 2]], rate, args))
             before = snapshot(fleet)
             _, reqs = workload(args, seed=seed)
-            ttfts, wall = asyncio.run(open_loop(fleet.url, [p for _, p in reqs], rate, args,
-                                                seed))
+            answers, wall = asyncio.run(open_loop(fleet.url, [p for _, p in reqs], rate, args,
+                                                  seed))
             time.sleep(0.5)  # the last BlockRemoved batches
             after = snapshot(fleet)
         finally:
@@ -288,7 +295,8 @@ def measure(args, policy: str, rate: float, seed: int = 0) -> dict:
     d = {u: [a - b for a, b in zip(after[u], before[u], strict=True)] for u in after}
     hits, queries = sum(v[0] for v in d.values()), sum(v[1] for v in d.values())
     spread = [int(d[u][2]) for u in fleet.urls]
-    return {"policy": policy, "rate": rate, "hits": hits, "queries": queries, "ttfts": ttfts,
+    return {"policy": policy, "rate": rate, "hits": hits, "queries": queries,
+            "ttfts": [t for t, _ in answers], "answers": answers,
             "tps": sum(v[3] for v in d.values()) / wall, "spread": spread,
             "evicted": int(sum(v[4] for v in d.values())), "kv_tokens": fleet.kv_tokens}
 
@@ -307,7 +315,22 @@ def merge(runs: list[dict]) -> dict:
             "spread": [sum(col) for col in zip(*(r["spread"] for r in runs), strict=True)],
             "errors": sum(1 for x in ttfts if x != x),
             "evicted": sum(r["evicted"] for r in runs), "kv_tokens": runs[0]["kv_tokens"],
-            "ttfts": [x for x in ttfts if x == x]}
+            "ttfts": [x for x in ttfts if x == x],
+            "answers": [a for r in runs for a in r["answers"] if a[0] == a[0] and a[1] == a[1]]}
+
+
+KINDS = (("misses (under 5% cached)", 0.0, 0.05), ("partial", 0.05, 0.8),
+         ("hits (80% or more cached)", 0.8, 1.01))
+
+
+def by_kind(answers: list[tuple[float, float]]) -> list[str]:
+    """Per kind of request (KINDS, by the share the engine served from its cache): how many,
+    TTFT p50 / p90 in ms: whether a policy's TTFT comes from fewer hits or from waiting."""
+    out = []
+    for _, lo, hi in KINDS:
+        t = [ttft for ttft, c in answers if lo <= c < hi]
+        out.append(f"{len(t)}: {1e3 * pct(t, 50):.0f} / {1e3 * pct(t, 90):.0f}" if t else "0")
+    return out
 
 
 def p90_gap(ours: list[float], theirs: list[float], draws: int = 2000,
@@ -542,6 +565,12 @@ def main() -> None:
             if r["policy"] != "kv-aware" and r["rate"] in ours and r["ttfts"]:
                 gap, lo, hi = p90_gap(ours[r["rate"]], r["ttfts"])
                 print(f"| {r['rate']:g} | {r['policy']} | {gap:+.0f} | {lo:+.0f} .. {hi:+.0f} |")
+    print("\nTTFT by what the engine found cached (its usage.prompt_tokens_details): requests, "
+          "p50 / p90 (ms):\n")
+    print("| rate (req/s) | policy | " + " | ".join(k for k, _, _ in KINDS) + " |")
+    print("|---|---|" + "---|" * len(KINDS))
+    for r in rows:
+        print(f"| {r['rate']:g} | {r['policy']} | " + " | ".join(by_kind(r["answers"])) + " |")
     cap = rows[0]["kv_tokens"]
     best = sum(oracle(args, cap // args.groups // 16, seed)
                for seed in range(args.repeats)) / args.repeats
