@@ -12,8 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import httpx
-from openai import OpenAI
+from openai import OpenAI, Timeout
 from support.cluster import Cluster, inference_engine
 from support.wait import wait_for
 
@@ -59,7 +58,7 @@ def service_url(cluster: Cluster, ns: str, name: str) -> str:
     return f"http://{ip}:8000/v1"
 
 
-def client(url: str, timeout: float | httpx.Timeout = 120) -> OpenAI:
+def client(url: str, timeout: float | Timeout = 120) -> OpenAI:
     return OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=timeout)
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
+from openai import Timeout
 from support.wait import wait_for
 
 from e2e.e2e_helpers import (
@@ -45,7 +45,7 @@ def served(cluster):
             # A 2 s connect timeout: an attempt whose SYN went out before the Service's rules
             # reached the node would otherwise wait out TCP's retransmissions (1, 3, 7, 15 s)
             # and measure those, not the Service (one CI run: 20.3 s, typically 4.6-7.3 s).
-            stream = client(url, timeout=httpx.Timeout(30, connect=2)).completions.create(
+            stream = client(url, timeout=Timeout(30, connect=2)).completions.create(
                 model=MODEL, prompt="hi", max_tokens=2, stream=True)
             return any(c.choices for c in stream)
         except Exception:  # noqa: BLE001 - not yet
