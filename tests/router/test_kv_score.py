@@ -19,7 +19,6 @@ from shoal.router.kv_score import (
     choose,
     claim_keys,
     load_encoder,
-    load_of,
     prompt_ids,
     score,
 )
@@ -89,20 +88,6 @@ def test_choose_with_the_engines_own_gauges(name, gauges, cached, expected):
     seen = {choose(engines(*gauges), cached, 100, random.Random(seed), now=NOW).group.id
             for seed in range(40)}
     assert seen == expected, name
-
-
-def test_this_routers_own_requests_count_once():
-    """The engine's gauges count this router's requests too; those it tracks itself, to the
-    moment. A request of ours that finished after the read leaves no load behind, one begun
-    after it counts, and another router's requests still count."""
-    done = State(G[0], 0, EngineLoad(1, 0, 0.0, at=NOW, ours=1))  # ours, finished since
-    idle = State(G[1], 0, EngineLoad(0, 0, 0.0, at=NOW))
-    assert {choose([done, idle], {}, 100, random.Random(s), now=NOW).group.id
-            for s in range(40)} == {0, 1}  # a tie: both idle now
-    started = State(G[0], 2, EngineLoad(1, 0, 0.0, at=NOW, ours=1))  # one more of ours since
-    shared = State(G[1], 1, EngineLoad(3, 0, 0.0, at=NOW, ours=1))  # 2 of another router's
-    assert load_of(started, NOW) == (2.0, 0.0)
-    assert load_of(shared, NOW) == (3.0, 0.0)
 
 
 def test_old_gauges_are_not_used():

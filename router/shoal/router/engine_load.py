@@ -23,22 +23,15 @@ class EngineLoad:
     waiting: float
     kv_usage: float  # 0..1
     at: float  # the router's monotonic clock when read
-    ours: float = 0.0  # this router's requests in flight on the group when read
 
     @property
     def requests(self) -> float:
         return self.running + self.waiting
 
-    @property
-    def others(self) -> float:
-        """The requests other routers had on the engine when it was read: the engine counts
-        ours too, and those this router tracks exactly (its outstanding count)."""
-        return max(0.0, self.requests - self.ours)
 
-
-def parse(text: str, at: float, ours: float = 0.0) -> EngineLoad | None:
+def parse(text: str, at: float) -> EngineLoad | None:
     """The gauges summed over their label sets (one engine per rank-0 server; a data-parallel
-    server lists several); None when the text has none of them. `ours`: EngineLoad.ours."""
+    server lists several); None when the text has none of them."""
     found = {field: 0.0 for field in GAUGES.values()}
     seen = False
     for line in text.splitlines():
@@ -46,7 +39,7 @@ def parse(text: str, at: float, ours: float = 0.0) -> EngineLoad | None:
         if m and m.group(1) in GAUGES and m.group(2) != "NaN":
             found[GAUGES[m.group(1)]] += float(m.group(2))
             seen = True
-    return EngineLoad(at=at, ours=ours, **found) if seen else None
+    return EngineLoad(at=at, **found) if seen else None
 
 
 def fresh(load: EngineLoad | None, now: float) -> EngineLoad | None:

@@ -62,11 +62,9 @@ class HealthProber:
             state.adapters = adapters.listed(models)
         if self.picker.kv is None and not state.adapters:
             return
-        before = state.outstanding
         text = await self._get(group, "/metrics")
-        if self.picker.kv is not None:  # ours: the engine may have counted any of them
-            ours = max(before, state.outstanding)
-            state.engine = parse(text, time.monotonic(), ours) if text is not None else None
+        if self.picker.kv is not None:
+            state.engine = parse(text, time.monotonic()) if text is not None else None
         state.resident = adapters.running(text) if text and state.adapters else frozenset()
 
     async def reread(self) -> None:
