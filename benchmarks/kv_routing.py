@@ -296,7 +296,7 @@ def measure(args, policy: str, rate: float, seed: int = 0) -> dict:
     hits, queries = sum(v[0] for v in d.values()), sum(v[1] for v in d.values())
     spread = [int(d[u][2]) for u in fleet.urls]
     return {"policy": policy, "rate": rate, "hits": hits, "queries": queries,
-            "ttfts": [t for t, _ in answers], "answers": answers,
+            "answers": answers,
             "tps": sum(v[3] for v in d.values()) / wall, "spread": spread,
             "evicted": int(sum(v[4] for v in d.values())), "kv_tokens": fleet.kv_tokens}
 
@@ -305,7 +305,7 @@ def merge(runs: list[dict]) -> dict:
     """The runs of one cell as one row: hits and queries, requests and evictions summed, TTFTs
     pooled, tok/s averaged; `hit_runs`: each run's own hit rate."""
     hits, queries = sum(r["hits"] for r in runs), sum(r["queries"] for r in runs)
-    ttfts = [x for r in runs for x in r["ttfts"]]
+    ttfts = [t for r in runs for t, _ in r["answers"]]
     return {"policy": runs[0]["policy"], "rate": runs[0]["rate"],
             "hit": hits / queries if queries else float("nan"),
             "hit_runs": [r["hits"] / r["queries"] if r["queries"] else float("nan")

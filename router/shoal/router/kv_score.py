@@ -299,7 +299,7 @@ class PromptTokenizer:
 
 
 def bound_word_cache(tok) -> None:
-    """Cap the word cache of a `tokenizers` model (BPE, Unigram) at WORD_CACHE words. It keeps
+    """Cap the word cache of a `tokenizers` BPE model at WORD_CACHE words. It keeps
     every new word's pieces, never evicting, until it holds 10,000: unique prompts (serial
     numbers, ids, random text) fill it, and the gateway's RSS rose for the first 18 minutes of
     benchmarks/router_overhead.py (a loop of the gateway's kv-aware work: +13 MiB over 16,000
