@@ -150,3 +150,52 @@ async def test_the_prober_reads_each_engines_own_load(kv_engines):
     for g, load in loads.items():
         assert load is not None, g
         assert (load.running, load.waiting) == (0, 0) and 0 <= load.kv_usage <= 1
+
+
+async def test_a_router_alone_sees_no_other_routers_load(kv_engines):
+    """others(g) (engine_load.EngineLoad.others) from real engines' gauges, for a router alone
+    in front of them: streams sent as its proxy sends them (acquired before, released when
+    they end), the prober reading the gauges all the while. The engines report running
+    requests, and never more than this router had in flight during the read: none is taken
+    for another router's (the first form, max(outstanding, gauges), kept a finished one)."""
+    import asyncio
+
+    from shoal.router.discovery import Group
+    from shoal.router.health import HealthProber
+    from shoal.router.picker import GroupPicker
+
+    engines, _ = kv_engines
+    picker = GroupPicker(kv=object())
+    groups = [Group(g, e.url) for g, e in engines.items()]
+    picker.set_groups(groups)
+    seen: list[tuple[float, float]] = []
+
+    async def stream(client, group, i):
+        body = {"model": MODEL_NAME, "prompt": f"stream {i}", "max_tokens": 200 + 50 * (i % 4),
+                "stream": True, "ignore_eos": True}
+        picker.acquire(group)
+        try:
+            async with client.stream("POST", f"{group.url}/v1/completions", json=body,
+                                     headers=HEADERS) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    pass
+        finally:
+            picker.release(group)
+
+    async def read(client, done):
+        prober = HealthProber(picker, client)
+        while not done.is_set():
+            await asyncio.gather(*(prober.read_engine(g) for g in groups))
+            seen.extend((s.engine.requests, s.engine.others) for s in picker.states.values()
+                        if s.engine is not None)
+            await asyncio.sleep(0.01)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        done = asyncio.Event()
+        reader = asyncio.ensure_future(read(client, done))
+        await asyncio.gather(*(stream(client, groups[i % 2], i) for i in range(12)))
+        done.set()
+        await reader
+    assert max(r for r, _ in seen) >= 1, "no read saw a request running"
+    assert max(o for _, o in seen) == 0, [x for x in seen if x[1]]

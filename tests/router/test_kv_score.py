@@ -19,6 +19,7 @@ from shoal.router.kv_score import (
     choose,
     claim_keys,
     load_encoder,
+    load_of,
     prompt_ids,
     score,
 )
@@ -88,6 +89,54 @@ def test_choose_with_the_engines_own_gauges(name, gauges, cached, expected):
     seen = {choose(engines(*gauges), cached, 100, random.Random(seed), now=NOW).group.id
             for seed in range(40)}
     assert seen == expected, name
+
+
+def test_this_routers_own_requests_count_once():
+    """requests(g) = outstanding(g) + others(g): the engine's gauges count this router's
+    requests too, and those it tracks itself, to the moment. A request of ours that finished
+    after the read leaves no load behind, one begun after it counts, and another router's
+    requests still count."""
+    done = State(G[0], 0, EngineLoad(1, 0, 0.0, at=NOW, ours=1))  # ours, finished since
+    idle = State(G[1], 0, EngineLoad(0, 0, 0.0, at=NOW))
+    assert {choose([done, idle], {}, 100, random.Random(s), now=NOW).group.id
+            for s in range(40)} == {0, 1}  # a tie: both idle now
+    started = State(G[0], 2, EngineLoad(1, 0, 0.0, at=NOW, ours=1))  # one more of ours since
+    shared = State(G[1], 1, EngineLoad(3, 0, 0.0, at=NOW, ours=1))  # 2 of another router's
+    assert load_of(started, NOW) == (2.0, 0.0)
+    assert load_of(shared, NOW) == (3.0, 0.0)
+    assert EngineLoad(1, 0, 0.0, at=NOW, ours=3).others == 0  # ours not yet at the engine
+
+
+def test_ours_is_the_most_in_flight_during_the_read():
+    """The prober's read of /metrics takes time; a request of ours that began and ended within
+    it may be in the gauges (they are the last step's) and is not another router's."""
+    import asyncio
+
+    import httpx
+    from shoal.router.engine_load import GAUGES
+    from shoal.router.health import HealthProber
+    from shoal.router.picker import GroupPicker
+
+    picker = GroupPicker(kv=object())
+    picker.set_groups(G[:1])
+    gauges = "\n".join(f"{name} {v}" for name, v in zip(GAUGES, (1, 0, 0.1), strict=True))
+
+    async def handle(request):
+        if request.url.path == "/metrics":  # ours: sent, run, finished while this is read
+            picker.acquire(G[0])
+            picker.release(G[0])
+            return httpx.Response(200, text=gauges)
+        return httpx.Response(200, json={"data": []})
+
+    async def read():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            await HealthProber(picker, client).read_engine(G[0])
+
+    asyncio.run(read())
+    engine = picker.states[G[0].key].engine
+    assert (engine.running, engine.ours, engine.others) == (1, 1, 0)
+    picker.acquire(G[0])  # a request begun after the read counts from its start
+    assert load_of(picker.states[G[0].key], engine.at)[0] == 1
 
 
 def test_old_gauges_are_not_used():

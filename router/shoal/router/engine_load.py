@@ -23,15 +23,26 @@ class EngineLoad:
     waiting: float
     kv_usage: float  # 0..1
     at: float  # the router's monotonic clock when read
+    ours: float = 0.0  # the most requests this router had in flight on the engine during the read
 
     @property
     def requests(self) -> float:
         return self.running + self.waiting
 
+    @property
+    def others(self) -> float:
+        """The requests other routers had on the engine when it was read. The engine counts
+        ours too; those the router tracks itself, to the moment. `ours` is the most of them
+        in flight at any instant of the read (the gauges are the last step's, which may count
+        one of ours that has finished since the read began, or not yet one just sent), so a
+        router alone in front of its engines sees no others: the engine never runs more of its
+        requests than it has in flight."""
+        return max(0.0, self.requests - self.ours)
 
-def parse(text: str, at: float) -> EngineLoad | None:
+
+def parse(text: str, at: float, ours: float = 0.0) -> EngineLoad | None:
     """The gauges summed over their label sets (one engine per rank-0 server; a data-parallel
-    server lists several); None when the text has none of them."""
+    server lists several); None when the text has none of them. `ours`: EngineLoad.ours."""
     found = {field: 0.0 for field in GAUGES.values()}
     seen = False
     for line in text.splitlines():
@@ -39,7 +50,7 @@ def parse(text: str, at: float) -> EngineLoad | None:
         if m and m.group(1) in GAUGES and m.group(2) != "NaN":
             found[GAUGES[m.group(1)]] += float(m.group(2))
             seen = True
-    return EngineLoad(at=at, **found) if seen else None
+    return EngineLoad(at=at, ours=ours, **found) if seen else None
 
 
 def fresh(load: EngineLoad | None, now: float) -> EngineLoad | None:

@@ -62,9 +62,11 @@ class HealthProber:
             state.adapters = adapters.listed(models)
         if self.picker.kv is None and not state.adapters:
             return
+        state.peak = state.outstanding  # the read's window starts (EngineLoad.ours)
         text = await self._get(group, "/metrics")
         if self.picker.kv is not None:
-            state.engine = parse(text, time.monotonic()) if text is not None else None
+            state.engine = (parse(text, time.monotonic(), ours=state.peak)
+                            if text is not None else None)
         state.resident = adapters.running(text) if text and state.adapters else frozenset()
 
     async def reread(self) -> None:

@@ -3,17 +3,22 @@ prompt (kv_index.py, fed by the engines' KV events), weighed against load.
 
 Which candidate (usable, ready) group g gets a prompt of P tokens:
 
-    requests(g) = max(outstanding(g), running(g) + waiting(g))
+    requests(g) = outstanding(g) + others(g)
     eligible    = the g with requests(g) <= min over candidates of requests + B
     score(g)    = cached(g) / P - beta * kv(g)          for g eligible
     winner      = the eligible g of highest score; ties: fewest requests(g), then at random
 
 cached(g) is the index's longest cached prefix on g, in tokens; 0 for a stale group (its
 publisher unreachable, or silent despite traffic: kv_index.why_stale; its entries are not
-trusted, it competes by load only). outstanding(g) is this router's requests in flight on g;
-running, waiting and kv (KV cache usage, 0..1) are the engine's own gauges (engine_load.py, read
-by the health prober every probe round; other routers' requests count there), left out (0) when
-older than engine_load.FRESH_S. B = DEFAULT_IMBALANCE (4, prefix-affinity's load bound): load
+trusted, it competes by load only). outstanding(g) is this router's requests in flight on g,
+to the moment; others(g) those of other routers (frontend replicas, the gateway): the engine's
+own running + waiting gauges less the most requests this router had in flight on g while it
+read them, at least 0 (engine_load.EngineLoad.others: alone in front of its engines a router
+sees none); kv (KV cache usage, 0..1) is the engine's gauge too. The gauges are read by the
+health prober every probe round and left out (0) when older than engine_load.FRESH_S.
+(max(outstanding, running + waiting), the first form, kept a request of ours that had finished
+since the read as load for up to a probe round.) B = DEFAULT_IMBALANCE (4, prefix-affinity's
+load bound): load
 moves a hit only past the bound, so a tenant stays where its context is cached while that group
 is at most 4 requests busier than the least loaded (a load term weighed against every hit, the
 first formula, moved a quarter of the hits off their home at 16 req/s: benchmarks/README.md).
@@ -91,7 +96,7 @@ def load_of(state, now: float) -> tuple[float, float]:
     engine = fresh(state.engine, now)
     if engine is None:
         return float(state.outstanding), 0.0
-    return max(float(state.outstanding), engine.requests), engine.kv_usage
+    return state.outstanding + engine.others, engine.kv_usage
 
 
 def choose(candidates: list, cached: dict, prompt_tokens: int, rng: random.Random,

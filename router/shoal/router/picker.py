@@ -39,6 +39,7 @@ class GroupState:
     cooldown_until: float = 0.0
     last_error: str | None = None
     engine: EngineLoad | None = None  # kv-aware: the engine's own gauges (engine_load.py)
+    peak: int = 0  # the most outstanding since the prober began its last /metrics read
     adapters: dict[str, str] | None = None  # LoRA adapter -> parent (None: not read yet)
     resident: frozenset[str] = frozenset()  # the adapters it runs now (adapters.py)
 
@@ -117,6 +118,7 @@ class GroupPicker:
         state = self.states.get(group.key)
         if state is not None:
             state.outstanding += 1
+            state.peak = max(state.peak, state.outstanding)
 
     def forget_adapter(self, key: tuple[str, int], name: str) -> None:
         """The group answered 404 for an adapter its last list had: it is not there until the
