@@ -36,11 +36,12 @@ cluster: venv
 cluster-down:
 	PYTHONPATH=devcluster $(PY) -m shoal.devcluster stop
 
-# The whole suite: lint, then every tier (what .ci/run runs). One tier alone: make test-unit,
+# The whole suite: lint, then every tier (what .ci/run runs): the e2e tier side by side with
+# the others (tests/support/run_suite.py says why). One tier alone: make test-unit,
 # test-process, test-k8s, test-e2e (tests/conftest.py says what each holds).
-# --durations: every run ends with its 30 slowest steps (the tier budget's evidence).
+# --durations: each ends with its slowest steps (the tier budget's evidence).
 test: lint
-	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/python tests/support/run_suite.py $(PYTEST_ARGS)
 
 test-unit test-process test-k8s test-e2e: test-%: venv
 	$(BIN)/python -m pytest -q -m $* $(PYTEST_ARGS)
