@@ -558,7 +558,7 @@ def main() -> None:
               f"{r['ttft50']:.0f} | {r['ttft90']:.0f} | {r['tps']:.1f} | "
               f"{' / '.join(map(str, r['spread']))} | {ratio} | {r['evicted']} | "
               f"{r['errors']} |")
-    ours = {r["rate"]: r["ttfts"] for r in rows if r["policy"] == "kv-aware"}
+    ours = {r["rate"]: r for r in rows if r["policy"] == "kv-aware"}
     if ours:
         print("\nTTFT p90 of each policy minus kv-aware's (ms; positive: kv-aware is faster), "
               "with a 90% bootstrap interval over the pooled TTFTs, and the same gap seed by "
@@ -566,12 +566,12 @@ def main() -> None:
               "seeds is what the pooled interval does not see):\n")
         print("| rate (req/s) | policy | p90 gap (ms) | 90% interval (ms) | each seed (ms) |")
         print("|---|---|---|---|---|")
-        mine = {r["rate"]: r["ttft_runs"] for r in rows if r["policy"] == "kv-aware"}
         for r in rows:
             if r["policy"] != "kv-aware" and r["rate"] in ours and r["ttfts"]:
-                gap, lo, hi = p90_gap(ours[r["rate"]], r["ttfts"])
+                kv = ours[r["rate"]]
+                gap, lo, hi = p90_gap(kv["ttfts"], r["ttfts"])
                 each = " / ".join(f"{1e3 * (pct(t, 90) - pct(o, 90)):+.0f}" for t, o in
-                                  zip(r["ttft_runs"], mine[r["rate"]], strict=True) if t and o)
+                                  zip(r["ttft_runs"], kv["ttft_runs"], strict=True) if t and o)
                 print(f"| {r['rate']:g} | {r['policy']} | {gap:+.0f} | {lo:+.0f} .. {hi:+.0f} "
                       f"| {each} |")
     print("\nTTFT by what the engine found cached (its usage.prompt_tokens_details): requests, "
