@@ -165,7 +165,10 @@ def test_a_group_that_unloaded_an_adapter_since_its_list_was_read_is_skipped(fro
     # the router's answer (naming the groups, or, when a probe round read both lists since the
     # unload, what is available), never a group's ("Served models")
     assert "no group has it loaded now" in r.text or "Available models: a1, a2" in r.text
-    assert _misses(front) - misses >= 1  # each group answered 404 is counted
+    if "no group has it loaded now" in r.text:  # the groups' own 404s decided it: counted
+        assert _misses(front) - misses >= 1
+    # (a probe round that read both lists after the unloads answers without asking a group:
+    # no 404 to count; seen once with the suite's tiers side by side, 2026-12-07)
 
 
 def _misses(front) -> float:
