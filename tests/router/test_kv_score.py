@@ -157,6 +157,23 @@ def test_the_engines_own_metrics_text_is_read():
     assert parse("# nothing here\nother_metric 1\n", at=5.0) is None
 
 
+def test_the_gauges_alone_are_what_the_prober_reads():
+    """The prober asks /metrics for engine_load.GAUGES alone (`name[]`): the engine's text of
+    those names has the same load and no other series."""
+    from shoal.engine.frontend.metrics import FrontendMetrics
+    from shoal.engine.wire import SchedulerStats
+    from shoal.router.engine_load import GAUGES
+
+    m = FrontendMetrics("tiny")
+    m.record_step(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.75),
+                  now=1.0)
+    text = m.render(list(GAUGES)).decode()
+    assert parse(text, at=5.0) == EngineLoad(3, 2, 0.75, at=5.0)
+    samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert samples == set(GAUGES)
+    assert len(text) * 10 < len(m.render())
+
+
 def test_ties_are_broken_at_random_with_the_injected_rng():
     picks = Counter(choose(states(0, 0, 0), {}, 10, random.Random(seed)).group.id
                     for seed in range(300))

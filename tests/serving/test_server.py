@@ -371,6 +371,21 @@ def test_metrics_use_vllm_names_and_labels(server, client):
                      re.M)
 
 
+def test_metrics_take_prometheus_name_filter(server, client):
+    """`name[]` query parameters (prometheus_client's filter, as vLLM's /metrics takes them)
+    return those series alone: what a router's prober asks for every round."""
+    greedy(client, "a", max_tokens=3)
+    names = ["vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+             "vllm:request_success_total", "vllm:time_to_first_token_seconds_count"]
+    text = httpx.get(f"{server.url}/metrics", params={"name[]": names}).text
+    samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples == set(names)
+    assert re.search(r'^vllm:request_success_total\{.*finished_reason="length".*\} [1-9]', text,
+                     re.M)
+    assert len(text) * 10 < len(httpx.get(f"{server.url}/metrics").text)
+
+
 def test_serve_help_explains_every_vllm_flag():
     out = subprocess.run([sys.executable, "-m", "shoal.cli", "serve", "--help"],
                          capture_output=True, text=True, check=True).stdout

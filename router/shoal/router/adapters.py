@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from shoal.contract.lora import listed  # noqa: F401 - the routers read it from here
 from shoal.contract.routing import DEFAULT_IMBALANCE
 
+INFO_METRIC = "vllm:lora_requests_info"  # the series `running` reads (health.py asks for it)
 _INFO = re.compile(r'^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

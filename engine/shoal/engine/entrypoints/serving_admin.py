@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shoal.engine import __version__
@@ -70,10 +70,17 @@ def admin_router(s: Serving) -> APIRouter:
 
     @router.get("/metrics", response_class=Response, responses={
         200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}})
-    async def metrics():
-        text = llm.metrics.render()
+    async def metrics(request: Request):
+        """Every series, or with `name[]` query parameters only those (prometheus_client's
+        filter, which vLLM's /metrics takes too): a router reading three gauges every probe
+        round costs the server a fraction of the whole text (5.5 ms of CPU for the tiny
+        model's 36 KB)."""
+        names = request.query_params.getlist("name[]") or None
+        text = llm.metrics.render(names)
         if s.http_metrics is not None:  # vLLM's http_* series (http_metrics.py)
-            text += generate_latest(s.http_metrics)
+            registry = s.http_metrics if names is None else \
+                s.http_metrics.restricted_registry(names)
+            text += generate_latest(registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @router.post("/tokenize", responses=error_responses(*TOKENIZER_ERRORS))

@@ -15,6 +15,8 @@ Labels: model_name (the served model name) and engine (the engine index, "0").
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from shoal.engine.wire import SchedulerStats
 
@@ -192,5 +194,9 @@ class FrontendMetrics:
         """One prompt of a request fanned out into n choices (vLLM's parent request)."""
         self.params_n.observe(n)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: Iterable[str] | None = None) -> bytes:
+        """The text format of every series, or of the series `names` (sample names, as
+        prometheus_client's `name[]` filter takes them: a histogram's are NAME_bucket, ...)."""
+        if names is None:
+            return generate_latest(self.registry)
+        return generate_latest(self.registry.restricted_registry(names))
