@@ -37,7 +37,7 @@ same windows of the same run (seed) left undisturbed: the hit rate a restart is 
 TTFT p90 is set against kv-aware's with a 90% bootstrap interval (whether a gap of a few
 milliseconds is more than the noise of the pooled requests) and seed by seed (runs of one seed
 share tenants, order and arrivals; at 16 req/s a policy's p90 moved more from seed to seed than
-the pooled interval showed).
+the pooled interval showed), with the mean of those seed gaps and a t-interval over the seeds.
 """
 
 from __future__ import annotations
@@ -348,6 +348,28 @@ def p90_gap(ours: list[float], theirs: list[float], draws: int = 2000,
             gaps[int(0.95 * draws)])
 
 
+T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782,
+       1.771, 1.761, 1.753)  # Student's t, 95th percentile, 1..15 degrees of freedom
+
+
+def seed_gap(ours: list[list[float]], theirs: list[list[float]]) -> tuple[float, float, float]:
+    """The mean over seeds of each seed's TTFT p90 gap (`theirs` minus `ours`, ms), with a 90%
+    t-interval over the seeds: a seed's runs share tenants, order and arrivals, so the gap is
+    paired by seed, and the interval sees how much a policy's p90 moves from run to run (which
+    the pooled bootstrap does not). NaN bounds with fewer than two seeds."""
+    gaps = [1e3 * (pct(t, 90) - pct(o, 90)) for o, t in zip(ours, theirs, strict=True)
+            if o and t]
+    n = len(gaps)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(gaps) / n
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = (sum((g - mean) ** 2 for g in gaps) / (n - 1)) ** 0.5
+    half = T90[min(n - 2, len(T90) - 1)] * sd / n ** 0.5
+    return mean, mean - half, mean + half
+
+
 class HitSampler:
     """The groups' prefix-cache hits and queries every `interval` s: (time, hits, queries)."""
 
@@ -564,16 +586,18 @@ def main() -> None:
               "with a 90% bootstrap interval over the pooled TTFTs, and the same gap seed by "
               "seed (each seed's runs share tenants, order and arrivals; the spread between "
               "seeds is what the pooled interval does not see):\n")
-        print("| rate (req/s) | policy | p90 gap (ms) | 90% interval (ms) | each seed (ms) |")
-        print("|---|---|---|---|---|")
+        print("| rate (req/s) | policy | p90 gap (ms) | 90% interval (ms) | each seed (ms) | "
+              "mean of the seeds' gaps (90% t-interval, ms) |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
             if r["policy"] != "kv-aware" and r["rate"] in ours and r["ttfts"]:
                 kv = ours[r["rate"]]
                 gap, lo, hi = p90_gap(kv["ttfts"], r["ttfts"])
                 each = " / ".join(f"{1e3 * (pct(t, 90) - pct(o, 90)):+.0f}" for t, o in
                                   zip(r["ttft_runs"], kv["ttft_runs"], strict=True) if t and o)
+                mean, slo, shi = seed_gap(kv["ttft_runs"], r["ttft_runs"])
                 print(f"| {r['rate']:g} | {r['policy']} | {gap:+.0f} | {lo:+.0f} .. {hi:+.0f} "
-                      f"| {each} |")
+                      f"| {each} | {mean:+.0f} ({slo:+.0f} .. {shi:+.0f}) |")
     print("\nTTFT by what the engine found cached (its usage.prompt_tokens_details): requests, "
           "p50 / p90 (ms):\n")
     print("| rate (req/s) | policy | " + " | ".join(k for k, _, _ in KINDS) + " |")
