@@ -116,6 +116,14 @@ class Fleet:
         self.peer = None
         self.urls: list[str] = []
         self.kv: dict[str, KvSource] = {}
+        self.counters: list[EvictionCounter] = []
+        try:
+            self._start(args, policy, tmp)
+        except BaseException:  # a group or the router failed to start: stop what did start
+            self.stop()
+            raise
+
+    def _start(self, args, policy: str, tmp: Path) -> None:
         model_dir = str(MODELS / f"shoal-{args.model}")
         py = sys.executable
         for _ in range(args.groups):
