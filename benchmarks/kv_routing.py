@@ -360,13 +360,17 @@ T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.7
        1.771, 1.761, 1.753)  # Student's t, 95th percentile, 1..15 degrees of freedom
 
 
-def seed_gap(ours: list[list[float]], theirs: list[list[float]]) -> tuple[float, float, float]:
-    """The mean over seeds of each seed's TTFT p90 gap (`theirs` minus `ours`, ms), with a 90%
-    t-interval over the seeds: a seed's runs share tenants, order and arrivals, so the gap is
-    paired by seed, and the interval sees how much a policy's p90 moves from run to run (which
-    the pooled bootstrap does not). NaN bounds with fewer than two seeds."""
-    gaps = [1e3 * (pct(t, 90) - pct(o, 90)) for o, t in zip(ours, theirs, strict=True)
+def seed_gaps(ours: list[list[float]], theirs: list[list[float]]) -> list[float]:
+    """Each seed's TTFT p90 gap, `theirs` minus `ours` (ms), for the seeds both answered."""
+    return [1e3 * (pct(t, 90) - pct(o, 90)) for o, t in zip(ours, theirs, strict=True)
             if o and t]
+
+
+def seed_gap(gaps: list[float]) -> tuple[float, float, float]:
+    """The mean of the seeds' gaps (seed_gaps) with a 90% t-interval over the seeds: a seed's
+    runs share tenants, order and arrivals, so the gap is paired by seed, and the interval sees
+    how much a policy's p90 moves from run to run (which the pooled bootstrap does not). NaN
+    bounds with fewer than two seeds."""
     n = len(gaps)
     if n == 0:
         return float("nan"), float("nan"), float("nan")
@@ -601,9 +605,9 @@ def main() -> None:
             if r["policy"] != "kv-aware" and r["rate"] in ours and r["ttfts"]:
                 kv = ours[r["rate"]]
                 gap, lo, hi = p90_gap(kv["ttfts"], r["ttfts"])
-                each = " / ".join(f"{1e3 * (pct(t, 90) - pct(o, 90)):+.0f}" for t, o in
-                                  zip(r["ttft_runs"], kv["ttft_runs"], strict=True) if t and o)
-                mean, slo, shi = seed_gap(kv["ttft_runs"], r["ttft_runs"])
+                gaps = seed_gaps(kv["ttft_runs"], r["ttft_runs"])
+                each = " / ".join(f"{g:+.0f}" for g in gaps)
+                mean, slo, shi = seed_gap(gaps)
                 print(f"| {r['rate']:g} | {r['policy']} | {gap:+.0f} | {lo:+.0f} .. {hi:+.0f} "
                       f"| {each} | {mean:+.0f} ({slo:+.0f} .. {shi:+.0f}) |")
     print("\nTTFT by what the engine found cached (its usage.prompt_tokens_details): requests, "

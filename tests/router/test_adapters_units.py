@@ -34,6 +34,20 @@ def test_running_reads_the_newest_series_of_the_engines_own_gauge():
     assert adapters.running("vllm:num_requests_running 1\n") == frozenset()
 
 
+def test_running_reads_the_series_the_prober_asks_for_alone():
+    """health.py asks /metrics for INFO_METRIC by name (`name[]`): the engine's filtered text."""
+    from shoal.engine.frontend.metrics import FrontendMetrics
+    from shoal.engine.wire import SchedulerStats
+
+    m = FrontendMetrics("tiny", max_loras=2)
+    m.record_step(SchedulerStats(running_lora_adapters={"a1": 1}, waiting_lora_adapters={}),
+                  now=1.0)
+    text = m.render([adapters.INFO_METRIC]).decode()
+    assert adapters.running(text) == {"a1"}
+    assert {x.split("{")[0] for x in text.splitlines() if not x.startswith("#")} == \
+        {adapters.INFO_METRIC}
+
+
 def test_listed_takes_the_cards_with_a_parent():
     body = {"object": "list", "data": [
         {"id": "tiny", "parent": None, "root": "/m"},

@@ -21,7 +21,7 @@ from shoal.contract.lora import listed  # noqa: F401 - the routers read it from 
 from shoal.contract.routing import DEFAULT_IMBALANCE
 
 INFO_METRIC = "vllm:lora_requests_info"  # the series `running` reads (health.py asks for it)
-_INFO = re.compile(r'^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)', re.M)
+_INFO = re.compile(rf'^{re.escape(INFO_METRIC)}\{{([^}}]*)\}}\s+(\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 

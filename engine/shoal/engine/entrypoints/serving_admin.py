@@ -9,12 +9,13 @@ import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.engine import __version__
 from shoal.engine.entrypoints.http_errors import TOKENIZER_ERRORS, error_response, error_responses
 from shoal.engine.entrypoints.protocol import DetokenizeRequest, TokenizeRequest
 from shoal.engine.entrypoints.serving import Serving
 from shoal.engine.errors import RETRY_AFTER_S, InvalidRequestError
+from shoal.engine.frontend.metrics import exposition
 
 logger = logging.getLogger("shoal.engine.api")
 # vLLM's switch for its development endpoints (/reset_prefix_cache among them): off in
@@ -78,9 +79,7 @@ def admin_router(s: Serving) -> APIRouter:
         names = request.query_params.getlist("name[]") or None
         text = llm.metrics.render(names)
         if s.http_metrics is not None:  # vLLM's http_* series (http_metrics.py)
-            registry = s.http_metrics if names is None else \
-                s.http_metrics.restricted_registry(names)
-            text += generate_latest(registry)
+            text += exposition(s.http_metrics, names)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @router.post("/tokenize", responses=error_responses(*TOKENIZER_ERRORS))

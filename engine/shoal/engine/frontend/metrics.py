@@ -195,8 +195,10 @@ class FrontendMetrics:
         self.params_n.observe(n)
 
     def render(self, names: Iterable[str] | None = None) -> bytes:
-        """The text format of every series, or of the series `names` (sample names, as
-        prometheus_client's `name[]` filter takes them: a histogram's are NAME_bucket, ...)."""
-        if names is None:
-            return generate_latest(self.registry)
-        return generate_latest(self.registry.restricted_registry(names))
+        return exposition(self.registry, names)
+
+
+def exposition(registry: CollectorRegistry, names: Iterable[str] | None = None) -> bytes:
+    """The text format of every series of `registry`, or of the series `names` (sample names,
+    as prometheus_client's `name[]` filter takes them: a histogram's are NAME_bucket, ...)."""
+    return generate_latest(registry if names is None else registry.restricted_registry(names))
